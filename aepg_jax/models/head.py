@@ -1,0 +1,60 @@
+"""Growing classifier (SPEC §3): one `Dense(D, n_t)` per task, logits concatenated in task order.
+
+Kernels ~ N(0, 0.001^2), biases 0. `grow(params, rng, n)` adds task `len(heads)`'s head to an
+existing parameter tree without touching the earlier heads or anything else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+KERNEL_INIT = nn.initializers.normal(stddev=1e-3)
+
+
+def task_name(task: int) -> str:
+    """Parameter name of task `task`'s head under `head/`."""
+    return f"task_{task}"
+
+
+class TaskHeads(nn.Module):
+    """`concat_t (features W_t + b_t)` over the tasks' heads; (B, 0) logits with no head."""
+
+    head_sizes: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, features: jax.Array) -> jax.Array:
+        if not self.head_sizes:
+            return jnp.zeros((*features.shape[:-1], 0), features.dtype)
+        logits = [
+            nn.Dense(
+                n, kernel_init=KERNEL_INIT, bias_init=nn.initializers.zeros, name=task_name(t)
+            )(features)
+            for t, n in enumerate(self.head_sizes)
+        ]
+        return jnp.concatenate(logits, axis=-1)
+
+
+def head_sizes(params: dict[str, Any]) -> tuple[int, ...]:
+    """Classes per task head present in `params`, in task order."""
+    heads = params.get("head", {})
+    return tuple(heads[task_name(t)]["bias"].shape[0] for t in range(len(heads)))
+
+
+def grow(params: dict[str, Any], rng: jax.Array, num_classes: int) -> dict[str, Any]:
+    """`params` plus a fresh head for the next task: kernel (D, n) ~ N(0, 0.001^2), bias 0."""
+    if num_classes < 1:
+        raise ValueError(f"A task head needs at least one class; got {num_classes}.")
+    width = params["cls"].shape[-1]
+    heads = dict(params.get("head", {}))
+    new = task_name(len(heads))
+    chex.assert_equal(new in heads, False)
+    heads[new] = {
+        "kernel": KERNEL_INIT(rng, (width, num_classes), jnp.float32),
+        "bias": jnp.zeros((num_classes,), jnp.float32),
+    }
+    return {**params, "head": heads}

@@ -1,0 +1,154 @@
+"""Parameter-efficient fine-tuning modules: LoRA, Adapter, Prefix (SPEC §5, LAE's versions).
+
+Each ViT block listed in `PeftConfig.blocks` gets its own module; their parameters live under
+names containing `/lora/`, `/adapter/` or `/prefix/`, which `partition.py` labels `peft`.
+D is the token width, H the number of heads, Dh = D / H.
+
+  LoRA (K and V only)   k = x W_k + s_k (x A_k^T) B_k^T,  v likewise; A (r, D) ~ U(+-1/sqrt(D)),
+                        B (D, r) = 0, s = 1: the identity at initialisation.
+  Adapter (parallel)    x + Attn(LN x) + s Up(GELU(Down(LN x))), hidden m; Down ~ U(+-1/sqrt(D)),
+                        bias 0; Up = 0, s = 1: the identity at initialisation.
+  Prefix (compensated)  L learned keys and values, P_k, P_v (L, D) ~ U(0, 0.01), each times a
+                        scalar (init 1), split into heads and inserted after the cls position.
+                        With `lam` = the softmax mass on the prefix columns, the prefix weights
+                        are divided by `lam`, so attention = (1 - lam) attn_original + attn_prefix.
+                        NOT the identity at initialisation: every attention output is scaled by
+                        (1 - lam) (lam ~ L / (L + N) for near-zero prefix keys) and moved by the
+                        prefix values' mean (~0.005); tests/test_models.py measures the change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+PEFT_KINDS = ("none", "lora", "adapter", "prefix")
+_PREFIX_EPS = 1e-12
+
+
+@dataclasses.dataclass(frozen=True)
+class PeftConfig:
+    """Which PEFT module, on which blocks, of what size (paper Table 5 defaults)."""
+
+    kind: str = "none"
+    blocks: tuple[int, ...] = (0, 1, 2, 3, 4)
+    lora_rank: int = 4
+    adapter_dim: int = 5
+    prefix_length: int = 10
+
+    def __post_init__(self):
+        if self.kind not in PEFT_KINDS:
+            raise ValueError(f"peft.kind={self.kind!r} is unknown; valid: {', '.join(PEFT_KINDS)}.")
+        for name in ("lora_rank", "adapter_dim", "prefix_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"peft.{name} must be >= 1; got {getattr(self, name)}.")
+        if len(set(self.blocks)) != len(self.blocks) or any(b < 0 for b in self.blocks):
+            raise ValueError(
+                f"peft.blocks must be distinct non-negative indices; got {self.blocks}."
+            )
+
+    def on_block(self, kind: str, block: int) -> bool:
+        """True when block `block` carries a module of kind `kind`."""
+        return self.kind == kind and block in self.blocks
+
+
+def _symmetric_uniform(bound: float) -> nn.initializers.Initializer:
+    """U(-bound, bound)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+def _uniform(low: float, high: float) -> nn.initializers.Initializer:
+    """U(low, high)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, low, high)
+
+    return init
+
+
+class LoRA(nn.Module):
+    """Low-rank updates of the key and value projections: returns `(delta_k, delta_v)`.
+
+    `delta = s (x A^T) B^T` with A (r, D_in), B (D_out, r); outputs have x's shape [..., D].
+    """
+
+    rank: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        width = x.shape[-1]
+        a_init = _symmetric_uniform(1.0 / math.sqrt(width))
+
+        def branch(name: str) -> jax.Array:
+            a = self.param(f"{name}_A", a_init, (self.rank, width))
+            b = self.param(f"{name}_B", nn.initializers.zeros, (width, self.rank))
+            scale = self.param(f"{name}_scale", nn.initializers.ones, ())
+            return scale * ((x @ a.T.astype(x.dtype)) @ b.T.astype(x.dtype))
+
+        return branch("key"), branch("value")
+
+
+class Adapter(nn.Module):
+    """Parallel bottleneck adapter `s Up(GELU(Down(y)))`, added to the attention output."""
+
+    hidden_dim: int
+
+    @nn.compact
+    def __call__(self, y: jax.Array) -> jax.Array:
+        width = y.shape[-1]
+        h = nn.Dense(
+            self.hidden_dim,
+            kernel_init=_symmetric_uniform(1.0 / math.sqrt(width)),
+            bias_init=nn.initializers.zeros,
+            name="down",
+        )(y)
+        h = nn.gelu(h, approximate=False)
+        h = nn.Dense(
+            width, kernel_init=nn.initializers.zeros, bias_init=nn.initializers.zeros, name="up"
+        )(h)
+        scale = self.param("scale", nn.initializers.ones, ())
+        return scale * h
+
+
+class Prefix(nn.Module):
+    """Learned key and value prefixes `(s_k P_k, s_v P_v)`, each returned as (L, H, Dh)."""
+
+    length: int
+    num_heads: int
+
+    @nn.compact
+    def __call__(self, width: int) -> tuple[jax.Array, jax.Array]:
+        head_dim = width // self.num_heads
+
+        def branch(name: str) -> jax.Array:
+            prefix = self.param(name, _uniform(0.0, 0.01), (self.length, width))
+            scale = self.param(f"{name}_scale", nn.initializers.ones, ())
+            return (scale * prefix).reshape(self.length, self.num_heads, head_dim)
+
+        return branch("key"), branch("value")
+
+
+def insert_prefix(tokens: jax.Array, prefix: jax.Array) -> jax.Array:
+    """Inserts `prefix` (L, H, Dh) after the cls position of `tokens` (B, N, H, Dh)."""
+    batch = tokens.shape[0]
+    prefix = jnp.broadcast_to(prefix.astype(tokens.dtype), (batch, *prefix.shape))
+    return jnp.concatenate([tokens[:, :1], prefix, tokens[:, 1:]], axis=1)
+
+
+def compensate_prefix(weights: jax.Array, length: int) -> jax.Array:
+    """Divides the attention weights on the prefix columns `[1, 1 + L)` by their sum `lam`.
+
+    `weights` (B, H, Q, K) are softmax outputs over [cls, prefix, tokens]; the result applied
+    to the values gives `(1 - lam) attn_original + attn_prefix`. `lam` is clamped at 1e-12.
+    """
+    prefix = weights[..., 1 : 1 + length]
+    lam = jnp.maximum(jnp.sum(prefix, axis=-1, keepdims=True), _PREFIX_EPS)
+    return jnp.concatenate([weights[..., :1], prefix / lam, weights[..., 1 + length :]], axis=-1)

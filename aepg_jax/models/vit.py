@@ -1,0 +1,264 @@
+"""Vision Transformer (Linen) with the parameter names of google-research/vision_transformer.
+
+Tree (SPEC §3): `embedding` (patch conv), `cls`, `Transformer/posembed_input/pos_embedding`,
+`Transformer/encoderblock_i/{LayerNorm_0, MultiHeadDotProductAttention_0/{query,key,value,out},
+LayerNorm_1, MlpBlock_0/{Dense_0,Dense_1}}`, `Transformer/encoder_norm`, and the growing
+classifier `head/task_j`. PEFT modules add `.../lora`, `.../adapter` or `.../prefix` subtrees
+(see `peft.py`). Numerics follow timm's `VisionTransformer` (the paper's reference): pre-norm
+blocks, LayerNorm eps 1e-6, exact (erf) GELU, no dropout.
+
+    logits, out = model.apply({"params": params}, images)   # images (B, S, S, C), normalised
+    out["features"]   # final-norm cls token (B, D)
+    out["tokens"]     # final-norm token sequence (B, 1 + N, D), with return_tokens=True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from aepg_jax.models import head as head_lib
+from aepg_jax.models import peft as peft_lib
+
+LN_EPS = 1e-6
+
+PRESETS: dict[str, dict[str, int]] = {
+    # ViT-B/16 at 224 px, the paper's backbone (augreg i21k weights).
+    "vit_b16": dict(
+        patch_size=16, hidden_size=768, depth=12, num_heads=12, mlp_dim=3072, image_size=224
+    ),
+    "vit_s16": dict(
+        patch_size=16, hidden_size=384, depth=12, num_heads=6, mlp_dim=1536, image_size=224
+    ),
+    "vit_ti16": dict(
+        patch_size=16, hidden_size=192, depth=12, num_heads=3, mlp_dim=768, image_size=224
+    ),
+    # CPU preset: 28 px grayscale-as-RGB images (Fashion-MNIST / digits), 16 patches.
+    "vit_tiny": dict(
+        patch_size=7, hidden_size=64, depth=4, num_heads=4, mlp_dim=256, image_size=28
+    ),
+}
+
+
+def model_config(preset: str = "vit_b16", **overrides: Any) -> ml_collections.ConfigDict:
+    """The model config of a preset, with top-level fields (or `peft={...}`) overridden.
+
+    Fields: patch_size, hidden_size, depth, num_heads, mlp_dim, image_size, num_channels (3),
+    and `peft` {kind (none|lora|adapter|prefix), blocks, lora_rank, adapter_dim,
+    prefix_length}, defaults from the paper's Table 5 (blocks 0-4, cut at the depth).
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"Unknown model preset {preset!r}; valid: {', '.join(PRESETS)}.")
+    peft = dataclasses.asdict(peft_lib.PeftConfig())
+    # Default blocks 0-4, limited to the preset's depth (the tiny preset has 4 blocks).
+    peft["blocks"] = tuple(b for b in peft["blocks"] if b < PRESETS[preset]["depth"])
+    cfg = ml_collections.ConfigDict({**PRESETS[preset], "num_channels": 3, "peft": peft})
+    for key, value in overrides.items():
+        if key not in cfg:
+            raise KeyError(f"Unknown model config field {key!r}; valid: {', '.join(cfg)}.")
+        if key == "peft":
+            unknown = sorted(set(value) - set(peft))
+            if unknown:
+                raise KeyError(f"Unknown peft field(s) {unknown}; valid: {', '.join(peft)}.")
+            cfg.peft.update(value)
+        else:
+            cfg[key] = value
+    return cfg
+
+
+class MlpBlock(nn.Module):
+    """`Dense(mlp_dim) -> GELU -> Dense(D)`."""
+
+    mlp_dim: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        width = x.shape[-1]
+        dense = lambda features: nn.Dense(
+            features,
+            kernel_init=nn.initializers.xavier_uniform(),
+            bias_init=nn.initializers.normal(stddev=1e-6),
+        )
+        x = dense(self.mlp_dim)(x)
+        x = nn.gelu(x, approximate=False)
+        return dense(width)(x)
+
+
+class MultiHeadDotProductAttention(nn.Module):
+    """Self-attention `softmax(q k^T / sqrt(Dh)) v` with optional LoRA and prefix.
+
+    q/k/v kernels are (D, H, Dh) and the out kernel (H, Dh, D), as in the published checkpoints.
+    """
+
+    num_heads: int
+    lora_rank: int | None = None
+    prefix_length: int | None = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        width = x.shape[-1]
+        if width % self.num_heads:
+            raise ValueError(f"hidden_size {width} is not divisible by num_heads {self.num_heads}.")
+        head_dim = width // self.num_heads
+        proj = lambda name: nn.DenseGeneral(
+            (self.num_heads, head_dim), kernel_init=nn.initializers.xavier_uniform(), name=name
+        )
+        q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
+        if self.lora_rank:
+            delta_k, delta_v = peft_lib.LoRA(self.lora_rank, name="lora")(x)
+            k = k + delta_k.reshape(k.shape)
+            v = v + delta_v.reshape(v.shape)
+        if self.prefix_length:
+            prefix_k, prefix_v = peft_lib.Prefix(self.prefix_length, self.num_heads, name="prefix")(
+                width
+            )
+            k = peft_lib.insert_prefix(k, prefix_k)
+            v = peft_lib.insert_prefix(v, prefix_v)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(q.dtype)
+        weights = jax.nn.softmax(scores.astype(jnp.float32), axis=-1)
+        if self.prefix_length:
+            weights = peft_lib.compensate_prefix(weights, self.prefix_length)
+        attended = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
+        return nn.DenseGeneral(
+            width, axis=(-2, -1), kernel_init=nn.initializers.xavier_uniform(), name="out"
+        )(attended)
+
+
+class Encoder1DBlock(nn.Module):
+    """Pre-norm block `x + Attn(LN x) [+ adapter(LN x)]`, then `x + MLP(LN x)`."""
+
+    num_heads: int
+    mlp_dim: int
+    block_index: int
+    peft: peft_lib.PeftConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        on = lambda kind: self.peft.on_block(kind, self.block_index)
+        y = nn.LayerNorm(epsilon=LN_EPS)(x)
+        attn = MultiHeadDotProductAttention(
+            self.num_heads,
+            lora_rank=self.peft.lora_rank if on("lora") else None,
+            prefix_length=self.peft.prefix_length if on("prefix") else None,
+        )(y)
+        if on("adapter"):
+            attn = attn + peft_lib.Adapter(self.peft.adapter_dim, name="adapter")(y)
+        x = x + attn
+        return x + MlpBlock(self.mlp_dim)(nn.LayerNorm(epsilon=LN_EPS)(x))
+
+
+class Encoder(nn.Module):
+    """Learned position embedding, `depth` blocks, final LayerNorm."""
+
+    depth: int
+    num_heads: int
+    mlp_dim: int
+    peft: peft_lib.PeftConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = AddPositionEmbs(name="posembed_input")(x)
+        for i in range(self.depth):
+            x = Encoder1DBlock(
+                self.num_heads, self.mlp_dim, i, self.peft, name=f"encoderblock_{i}"
+            )(x)
+        return nn.LayerNorm(epsilon=LN_EPS, name="encoder_norm")(x)
+
+
+class AddPositionEmbs(nn.Module):
+    """Adds a learned position embedding (1, 1 + N, D), cls slot included."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        pe = self.param("pos_embedding", nn.initializers.normal(stddev=0.02), (1, *x.shape[1:]))
+        return x + pe.astype(x.dtype)
+
+
+class VisionTransformer(nn.Module):
+    """ViT returning `(logits, {"features", ["tokens"]})`; logits concatenate every task head."""
+
+    patch_size: int = 16
+    hidden_size: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    head_sizes: tuple[int, ...] = ()
+    peft: peft_lib.PeftConfig = peft_lib.PeftConfig()
+
+    @nn.compact
+    def __call__(
+        self, images: jax.Array, *, return_tokens: bool = False
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        chex.assert_rank(images, 4)
+        if self.peft.kind != "none" and max(self.peft.blocks, default=-1) >= self.depth:
+            raise ValueError(
+                f"peft.blocks {list(self.peft.blocks)} name blocks beyond depth {self.depth}; "
+                f"use indices in [0, {self.depth})."
+            )
+        p = self.patch_size
+        x = nn.Conv(self.hidden_size, (p, p), strides=(p, p), padding="VALID", name="embedding")(
+            images
+        )
+        batch, gh, gw, width = x.shape
+        x = x.reshape(batch, gh * gw, width)
+        cls = self.param("cls", nn.initializers.zeros, (1, 1, width))
+        x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, width)), x], 1)
+        x = Encoder(self.depth, self.num_heads, self.mlp_dim, self.peft, name="Transformer")(x)
+        features = x[:, 0]
+        logits = head_lib.TaskHeads(self.head_sizes, name="head")(features)
+        out = {"features": features}
+        if return_tokens:
+            out["tokens"] = x
+        return logits, out
+
+
+def peft_from_config(cfg: ml_collections.ConfigDict) -> peft_lib.PeftConfig:
+    """`PeftConfig` from the `peft` section of a model config."""
+    return peft_lib.PeftConfig(
+        kind=cfg.kind,
+        blocks=tuple(int(b) for b in cfg.blocks),
+        lora_rank=int(cfg.lora_rank),
+        adapter_dim=int(cfg.adapter_dim),
+        prefix_length=int(cfg.prefix_length),
+    )
+
+
+def build(cfg: ml_collections.ConfigDict, head_sizes: tuple[int, ...] = ()) -> VisionTransformer:
+    """A `VisionTransformer` from a model config (see `model_config`), with task heads."""
+    if cfg.image_size % cfg.patch_size:
+        raise ValueError(
+            f"image_size {cfg.image_size} is not a multiple of patch_size {cfg.patch_size}."
+        )
+    if cfg.hidden_size % cfg.num_heads:
+        raise ValueError(
+            f"hidden_size {cfg.hidden_size} is not divisible by num_heads {cfg.num_heads}."
+        )
+    return VisionTransformer(
+        patch_size=cfg.patch_size,
+        hidden_size=cfg.hidden_size,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_dim=cfg.mlp_dim,
+        head_sizes=tuple(int(n) for n in head_sizes),
+        peft=peft_from_config(cfg.peft),
+    )
+
+
+def dummy_images(cfg: ml_collections.ConfigDict, batch: int = 1) -> jax.Array:
+    """Zeros of the model's input shape (batch, S, S, C), for `init`."""
+    return jnp.zeros((batch, cfg.image_size, cfg.image_size, cfg.num_channels), jnp.float32)
+
+
+def init_params(
+    cfg: ml_collections.ConfigDict, rng: jax.Array, head_sizes: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """Random parameters of `build(cfg, head_sizes)` (jit-compiled init: no real FLOPs)."""
+    model = build(cfg, head_sizes)
+    init = jax.jit(lambda key: model.init(key, dummy_images(cfg))["params"])
+    return init(rng)
