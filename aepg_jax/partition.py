@@ -34,7 +34,7 @@ TRAINABLE = (PEFT, HEAD)
 DEFAULT_RULES: Rules = (
     (r"(^|/)(lora|adapter|prefix)/", PEFT),
     (r"^head/", HEAD),
-    (r"^(embedding|cls|Transformer)/", BACKBONE),
+    (r"^(embedding|cls|Transformer)(/|$)", BACKBONE),
 )
 
 

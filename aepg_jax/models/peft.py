@@ -152,3 +152,17 @@ def compensate_prefix(weights: jax.Array, length: int) -> jax.Array:
     prefix = weights[..., 1 : 1 + length]
     lam = jnp.maximum(jnp.sum(prefix, axis=-1, keepdims=True), _PREFIX_EPS)
     return jnp.concatenate([weights[..., :1], prefix / lam, weights[..., 1 + length :]], axis=-1)
+
+
+def num_params(cfg: PeftConfig, width: int) -> int:
+    """Trainable PEFT scalars for token width D over `len(cfg.blocks)` blocks.
+
+    LoRA: 2 (2 r D + 1) per block; Adapter: 2 m D + m + D + 1; Prefix: 2 (L D + 1).
+    """
+    per_block = {
+        "none": 0,
+        "lora": 2 * (2 * cfg.lora_rank * width + 1),
+        "adapter": 2 * cfg.adapter_dim * width + cfg.adapter_dim + width + 1,
+        "prefix": 2 * (cfg.prefix_length * width + 1),
+    }[cfg.kind]
+    return per_block * len(cfg.blocks)

@@ -1,0 +1,1 @@
+"""Checkpoint formats: the published ViT `.npz` files (`augreg`) and the `inspect` command."""
