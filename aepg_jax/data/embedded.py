@@ -1,0 +1,104 @@
+"""Offline datasets that need no download: scikit-learn `digits` and Debian's Fashion-MNIST.
+
+* `digits`: the 1,797 8x8 handwritten digits shipped inside scikit-learn's wheel (values 0-16,
+  scaled to uint8 0-255), 10 classes; split 80/20 stratified by class from `split_seed`.
+* `fashion_mnist`: the 60,000 + 10,000 28x28 images of Zalando's Fashion-MNIST, read from the
+  IDX files of Debian's `dataset-fashion-mnist` package (`/usr/share/datasets/fashion-mnist/`)
+  or another directory holding the same four `*-ubyte.gz` files; 10 classes, official split.
+
+Both are grayscale: `image(i)` returns the channel replicated to (H, W, 3).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+
+import numpy as np
+from sklearn import datasets as sk_datasets
+from sklearn import model_selection
+
+from aepg_jax.data.source import ArraySource, Dataset
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_CLASSES = (
+    "t-shirt/top",
+    "trouser",
+    "pullover",
+    "dress",
+    "coat",
+    "sandal",
+    "shirt",
+    "sneaker",
+    "bag",
+    "ankle boot",
+)
+_IDX_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+
+
+def stratified_split(
+    labels: np.ndarray, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train_indices, test_indices): a per-class `test_fraction` split drawn from `seed`."""
+    indices = np.arange(len(labels))
+    train, test = model_selection.train_test_split(
+        indices, test_size=test_fraction, stratify=labels, random_state=seed
+    )
+    return np.sort(train), np.sort(test)
+
+
+def load_digits(split_seed: int = 0, test_fraction: float = 0.2) -> Dataset:
+    """scikit-learn's 8x8 digits as uint8 images, 80/20 stratified train/test."""
+    digits = sk_datasets.load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    labels = digits.target.astype(np.int64)
+    train, test = stratified_split(labels, test_fraction, split_seed)
+    return Dataset(
+        name="digits",
+        train=ArraySource(images[train], labels[train]),
+        test=ArraySource(images[test], labels[test]),
+        class_names=tuple(str(d) for d in range(10)),
+    )
+
+
+def read_idx(path: str) -> np.ndarray:
+    """An IDX array (optionally gzip-compressed): magic 0x0000 dtype=0x08 (uint8), ndim, dims."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[:2] != b"\x00\x00" or data[2] != 0x08:
+        raise ValueError(f"{path} is not an uint8 IDX file (bad magic {data[:4]!r}).")
+    ndim = data[3]
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    body = np.frombuffer(data, np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(dims)):
+        raise ValueError(f"{path} is truncated: {body.size} bytes for shape {dims}.")
+    return body.reshape(dims)
+
+
+def load_fashion_mnist(directory: str | None = None) -> Dataset:
+    """Fashion-MNIST from the four IDX files in `directory` (default: Debian's location)."""
+    directory = directory or FASHION_MNIST_DIR
+    missing = [
+        name
+        for pair in _IDX_FILES.values()
+        for name in pair
+        if not os.path.exists(os.path.join(directory, name))
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"Fashion-MNIST files {', '.join(missing)} are not in {directory!r}. Install them "
+            "with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu), point "
+            "`data.fashion_mnist_dir` at a directory holding the four *-ubyte.gz files, or use "
+            "`data.source=tfds` with `data.name=fashion_mnist`."
+        )
+    splits = {}
+    for split, (images_file, labels_file) in _IDX_FILES.items():
+        images = read_idx(os.path.join(directory, images_file))
+        labels = read_idx(os.path.join(directory, labels_file)).astype(np.int64)
+        splits[split] = ArraySource(images, labels)
+    return Dataset("fashion_mnist", splits["train"], splits["test"], FASHION_MNIST_CLASSES)

@@ -1,0 +1,116 @@
+"""Batches of a cached split as global arrays sharded over the mesh's `data` axis.
+
+A global batch of `batch_size` examples is cut into `jax.process_count()` equal host slices;
+each process reads only its slice from the memory map and the global `jax.Array` is assembled
+with `jax.make_array_from_process_local_data` (one device or many, one host or many).
+
+* Training: `drop_last=True`; the order of each epoch is a permutation drawn from
+  `(seed, epoch)`, so a run (or a resumed run) sees the same batches.
+* Evaluation: every example exactly once, in order; the last batch is padded (with copies of
+  the split's first example) and `mask` marks the real rows.
+
+Each batch is a dict `{"image": uint8 (B, S, S, 3), "label": int32 (B,), "mask": bool (B,)}`;
+host reads run one or two batches ahead in a background thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DATA_AXIS = "data"
+
+
+def data_mesh(devices: list[jax.Device] | None = None) -> Mesh:
+    """A 1-D mesh over `devices` (default: all devices of all processes) named `data`."""
+    return Mesh(np.asarray(devices if devices is not None else jax.devices()), (DATA_AXIS,))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) axis split over `data`, other axes replicated."""
+    return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+
+
+def check_batch_size(batch_size: int, mesh: Mesh) -> None:
+    """A global batch must split evenly over the devices and the processes."""
+    devices, processes = mesh.devices.size, jax.process_count()
+    if batch_size <= 0 or batch_size % devices or batch_size % processes:
+        raise ValueError(
+            f"batch_size={batch_size} must be a positive multiple of the number of devices "
+            f"({devices}) and of processes ({processes}); e.g. use "
+            f"{max(devices, processes) * max(1, batch_size // max(devices, processes))}."
+        )
+
+
+def epoch_order(indices: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+    """`indices` permuted by a generator seeded with `(seed, epoch)`."""
+    return np.asarray(indices)[np.random.default_rng([seed, epoch]).permutation(len(indices))]
+
+
+def num_batches(num_examples: int, batch_size: int, drop_last: bool) -> int:
+    """Batches per epoch: floor when dropping the last partial batch, ceil otherwise."""
+    return num_examples // batch_size if drop_last else -(-num_examples // batch_size)
+
+
+def _host_slice(rows: np.ndarray) -> np.ndarray:
+    per_host = len(rows) // jax.process_count()
+    start = jax.process_index() * per_host
+    return rows[start : start + per_host]
+
+
+def _read(images: np.ndarray, labels: np.ndarray, rows: np.ndarray, valid: np.ndarray):
+    order = np.argsort(rows, kind="stable")  # sorted reads are friendlier to the page cache
+    gathered = np.empty((len(rows), *images.shape[1:]), images.dtype)
+    gathered[order] = images[rows[order]]
+    return gathered, labels[rows].astype(np.int32), valid
+
+
+def iterate(
+    images: np.ndarray,
+    labels: np.ndarray,
+    indices: np.ndarray,
+    batch_size: int,
+    mesh: Mesh,
+    *,
+    train: bool,
+    seed: int = 0,
+    epoch: int = 0,
+    prefetch: int = 2,
+) -> Iterator[dict[str, jax.Array]]:
+    """Global batches of `images[indices]` with `labels[indices]` (see the module docstring)."""
+    check_batch_size(batch_size, mesh)
+    indices = np.asarray(indices, np.int64)
+    if train:
+        order = epoch_order(indices, seed, epoch)
+        count = num_batches(len(order), batch_size, drop_last=True)
+        valid = np.ones(count * batch_size, bool)
+    else:
+        count = num_batches(len(indices), batch_size, drop_last=False)
+        pad = count * batch_size - len(indices)
+        order = np.concatenate([indices, np.full(pad, indices[0] if len(indices) else 0)])
+        valid = np.arange(len(order)) < len(indices)
+    sharding = batch_sharding(mesh)
+    local = batch_size // jax.process_count()
+
+    def host_batch(b: int):
+        rows = _host_slice(order[b * batch_size : (b + 1) * batch_size])
+        mask = _host_slice(valid[b * batch_size : (b + 1) * batch_size])
+        return _read(images, labels, rows, mask)
+
+    def to_global(x: np.ndarray) -> jax.Array:
+        shape = (batch_size, *x.shape[1:])
+        assert x.shape[0] == local, (x.shape, local)
+        return jax.make_array_from_process_local_data(sharding, x, shape)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = collections.deque(pool.submit(host_batch, b) for b in range(min(prefetch, count)))
+        for b in range(count):
+            image, label, mask = pending.popleft().result()
+            if b + prefetch < count:
+                pending.append(pool.submit(host_batch, b + prefetch))
+            yield {"image": to_global(image), "label": to_global(label), "mask": to_global(mask)}

@@ -1,0 +1,133 @@
+"""Class-incremental task splits (SPEC §4).
+
+Classes are ordered (identity, or a permutation drawn from `class_order_seed`), relabelled by
+their position in that order, and cut into `num_tasks` consecutive groups with
+`np.array_split` (uneven counts put the extra classes first: Food-101's 101 classes in 10 tasks
+give 11, 10, ..., 10). Task t owns the relabelled classes `[offset_t, offset_t + size_t)`;
+during its training the loss sees `logits[:, offset_t:offset_t + size_t]` and labels
+`y - offset_t`.
+
+Symmetric label noise (`label_noise = eta`): each training example's label is, with
+probability eta, replaced by a uniformly drawn *other* class of the same task; drawn once from
+`noise_seed`, so fixed per seed. Test labels stay clean. The realised rate is reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One task: its relabelled class range and the example indices of each split."""
+
+    index: int
+    offset: int  # first relabelled class of the task
+    num_classes: int
+    original_classes: np.ndarray  # the dataset's label ids of the task's classes, in order
+    train_indices: np.ndarray  # into the dataset's train split
+    test_indices: np.ndarray  # into the dataset's test split
+
+    @property
+    def stop(self) -> int:
+        """One past the task's last relabelled class."""
+        return self.offset + self.num_classes
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassIncremental:
+    """A dataset cut into tasks, with relabelled (and possibly noisy) labels."""
+
+    class_order: np.ndarray  # original label at each position
+    tasks: tuple[Task, ...]
+    train_labels: np.ndarray  # relabelled training labels, noisy when label_noise > 0
+    test_labels: np.ndarray  # relabelled clean test labels
+    clean_train_labels: np.ndarray
+    realised_noise_rate: float
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_order)
+
+    @property
+    def head_sizes(self) -> tuple[int, ...]:
+        """Classes per task, in task order."""
+        return tuple(t.num_classes for t in self.tasks)
+
+
+def class_order(num_classes: int, seed: int | None = None) -> np.ndarray:
+    """Identity order, or a permutation of the classes drawn from `seed`."""
+    if seed is None:
+        return np.arange(num_classes)
+    return np.random.default_rng(seed).permutation(num_classes)
+
+
+def symmetric_label_noise(
+    labels: np.ndarray, tasks: tuple[Task, ...], rate: float, seed: int
+) -> np.ndarray:
+    """Each label -> a uniform *other* class of its task with probability `rate`.
+
+    Classes of single-class tasks are never changed (there is no other class to draw).
+    """
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"label_noise must be in [0, 1); got {rate}.")
+    rng = np.random.default_rng(seed)
+    noisy = labels.copy()
+    flip = rng.random(len(labels)) < rate
+    # Relabelled class c lies in task t when offset_t <= c < stop_t.
+    stops = np.array([t.stop for t in tasks])
+    task_of = np.searchsorted(stops, labels, side="right")
+    offsets = np.array([t.offset for t in tasks])[task_of]
+    sizes = np.array([t.num_classes for t in tasks])[task_of]
+    flip &= sizes > 1
+    # A uniform draw from the size - 1 other classes: shift by 1 + U{0, size - 2} modulo size.
+    shift = 1 + np.floor(rng.random(len(labels)) * np.maximum(sizes - 1, 1)).astype(np.int64)
+    moved = offsets + (labels - offsets + shift) % sizes
+    noisy[flip] = moved[flip]
+    return noisy
+
+
+def make_class_incremental(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_classes: int,
+    num_tasks: int,
+    *,
+    class_order_seed: int | None = None,
+    label_noise: float = 0.0,
+    noise_seed: int = 0,
+) -> ClassIncremental:
+    """Cuts a dataset with original labels in `[0, num_classes)` into `num_tasks` tasks."""
+    if not 1 <= num_tasks <= num_classes:
+        raise ValueError(
+            f"num_tasks={num_tasks} must be between 1 and the number of classes ({num_classes})."
+        )
+    for name, labels in (("train", train_labels), ("test", test_labels)):
+        if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+            raise ValueError(f"{name} labels are not all in [0, {num_classes}).")
+    order = class_order(num_classes, class_order_seed)
+    position = np.empty(num_classes, np.int64)
+    position[order] = np.arange(num_classes)
+    train = position[np.asarray(train_labels, np.int64)]
+    test = position[np.asarray(test_labels, np.int64)]
+
+    tasks, offset = [], 0
+    for t, group in enumerate(np.array_split(np.arange(num_classes), num_tasks)):
+        stop = offset + len(group)
+        tasks.append(
+            Task(
+                index=t,
+                offset=offset,
+                num_classes=len(group),
+                original_classes=order[group],
+                train_indices=np.flatnonzero((train >= offset) & (train < stop)),
+                test_indices=np.flatnonzero((test >= offset) & (test < stop)),
+            )
+        )
+        offset = stop
+    tasks = tuple(tasks)
+    noisy = symmetric_label_noise(train, tasks, label_noise, noise_seed) if label_noise else train
+    rate = float(np.mean(noisy != train)) if len(train) else 0.0
+    return ClassIncremental(order, tasks, noisy, test, train, rate)

@@ -1,0 +1,130 @@
+"""Tests for aepg_jax.data.cache: decode-once cache, crash-safe resumable builds, staleness."""
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from aepg_jax.data import cache
+from aepg_jax.data.resize import store_resize
+from aepg_jax.data.source import ArraySource
+
+N, SIZE = 1300, 12  # > 2 chunks of 512
+
+
+class CountingSource:
+    """An ArraySource that counts decodes and can fail at one index (a simulated crash)."""
+
+    def __init__(self, base, fail_at=None):
+        self.base, self.fail_at, self.decoded = base, fail_at, 0
+
+    @property
+    def labels(self):
+        return self.base.labels
+
+    def __len__(self):
+        return len(self.base)
+
+    def image(self, index):
+        if index == self.fail_at:
+            raise KeyboardInterrupt("simulated crash")
+        self.decoded += 1
+        return self.base.image(index)
+
+
+@pytest.fixture
+def source():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (N, 15, 18, 3), dtype=np.uint8)
+    return ArraySource(images, rng.integers(0, 7, N))
+
+
+def _build(src, root, **kw):
+    return cache.load_or_build(
+        src, str(root), "toy", "train", SIZE, progress=False, num_workers=2, **kw
+    )
+
+
+def test_build_then_reuse(source, tmp_path):
+    counting = CountingSource(source)
+    built = _build(counting, tmp_path, class_names=["c"] * 7)
+    assert built.images.shape == (N, SIZE, SIZE, 3) and built.images.dtype == np.uint8
+    assert isinstance(built.images, np.memmap)
+    for i in (0, 700, N - 1):
+        np.testing.assert_array_equal(built.images[i], store_resize(source.image(i), SIZE))
+    np.testing.assert_array_equal(built.labels, source.labels)
+    manifest = json.load(
+        open(os.path.join(cache.split_dir(str(tmp_path), "toy", "train", SIZE), "manifest.json"))
+    )
+    assert manifest["shape"] == [N, SIZE, SIZE, 3] and manifest["class_names"] == ["c"] * 7
+    assert manifest["images_sha256"] == cache.images_checksum(built.images)
+    assert counting.decoded == N
+
+    again = CountingSource(source)
+    reused = _build(again, tmp_path, verify=True)
+    assert again.decoded == 0  # nothing decoded a second time
+    np.testing.assert_array_equal(reused.images, built.images)
+
+
+def test_crash_leaves_nothing_trusted_and_resumes(source, tmp_path):
+    directory = cache.split_dir(str(tmp_path), "toy", "train", SIZE)
+    with pytest.raises(KeyboardInterrupt):
+        _build(CountingSource(source, fail_at=1100), tmp_path)
+    files = set(os.listdir(directory))
+    assert "manifest.json" not in files and "images.npy" not in files
+    assert {"images.partial.npy", "progress.json"} <= files
+    done = json.load(open(os.path.join(directory, "progress.json")))["done"]
+    assert done == 1024  # two finished chunks survived
+
+    resumed_source = CountingSource(source)
+    resumed = _build(resumed_source, tmp_path)
+    assert resumed_source.decoded == N - done  # only the unfinished part was decoded again
+    assert not os.path.exists(os.path.join(directory, "progress.json"))
+    clean = _build(CountingSource(source), tmp_path / "clean")
+    np.testing.assert_array_equal(resumed.images, clean.images)
+    assert resumed.manifest["images_sha256"] == clean.manifest["images_sha256"]
+
+
+def test_progress_of_another_source_is_not_resumed(source, tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        _build(CountingSource(source, fail_at=600), tmp_path)
+    other = ArraySource(source.images, (source.labels + 1) % 7)
+    counting = CountingSource(other)
+    built = _build(counting, tmp_path)
+    assert counting.decoded == N  # labels differ: the partial build was discarded
+    np.testing.assert_array_equal(built.labels, other.labels)
+
+
+def test_stale_or_corrupt_cache_is_rebuilt(source, tmp_path, caplog):
+    built = _build(CountingSource(source), tmp_path)
+    changed = ArraySource(source.images, np.roll(source.labels, 1))
+    with caplog.at_level(logging.WARNING):
+        counting = CountingSource(changed)
+        _build(counting, tmp_path)
+    assert "labels differ" in caplog.text and counting.decoded == N
+
+    _build(CountingSource(source), tmp_path)  # back to the original labels
+    path = os.path.join(cache.split_dir(str(tmp_path), "toy", "train", SIZE), "images.npy")
+    corrupt = np.load(path, mmap_mode="r+")
+    corrupt[5] = 255 - corrupt[5]
+    corrupt.flush()
+    del corrupt, built
+    unverified = _build(CountingSource(source), tmp_path)  # cheap checks only: trusted
+    assert not np.array_equal(unverified.images[5], store_resize(source.image(5), SIZE))
+    with caplog.at_level(logging.WARNING):
+        counting = CountingSource(source)
+        repaired = _build(counting, tmp_path, verify=True)
+    assert "checksum mismatch" in caplog.text and counting.decoded == N
+    np.testing.assert_array_equal(repaired.images[5], store_resize(source.image(5), SIZE))
+
+
+def test_unreadable_manifest_is_rebuilt(source, tmp_path):
+    _build(CountingSource(source), tmp_path)
+    directory = cache.split_dir(str(tmp_path), "toy", "train", SIZE)
+    with open(os.path.join(directory, "manifest.json"), "w") as f:
+        f.write("{not json")
+    counting = CountingSource(source)
+    _build(counting, tmp_path)
+    assert counting.decoded == N

@@ -1,0 +1,134 @@
+"""Tests for the embedded (digits, Fashion-MNIST) and image-folder sources."""
+
+import gzip
+import os
+import struct
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from aepg_jax.data import embedded, folder
+from aepg_jax.data.source import ArraySource, Dataset, Source, to_rgb
+
+
+def test_digits_real_data():
+    ds = embedded.load_digits(split_seed=0)
+    assert len(ds.train) + len(ds.test) == 1797
+    assert len(ds.test) == 360
+    assert isinstance(ds.train, Source)
+    image = ds.train.image(0)
+    assert image.shape == (8, 8, 3) and image.dtype == np.uint8
+    np.testing.assert_array_equal(image[..., 0], image[..., 2])
+    # Stratified: every class keeps ~20% of its examples in the test split.
+    per_class = np.bincount(ds.test.labels, minlength=10) / (
+        np.bincount(ds.test.labels, minlength=10) + np.bincount(ds.train.labels, minlength=10)
+    )
+    np.testing.assert_allclose(per_class, 0.2, atol=0.02)
+    again = embedded.load_digits(split_seed=0)
+    np.testing.assert_array_equal(again.test.labels, ds.test.labels)
+    assert not np.array_equal(embedded.load_digits(split_seed=1).test.labels, ds.test.labels)
+
+
+def _write_idx(path, array):
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_idx_reader(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {
+        "train-images-idx3-ubyte.gz": rng.integers(0, 256, (12, 28, 28)),
+        "train-labels-idx1-ubyte.gz": rng.integers(0, 10, 12),
+        "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (5, 28, 28)),
+        "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, 5),
+    }
+    for name, array in arrays.items():
+        _write_idx(tmp_path / name, array)
+    ds = embedded.load_fashion_mnist(str(tmp_path))
+    assert (len(ds.train), len(ds.test)) == (12, 5)
+    assert len(ds.class_names) == 10
+    np.testing.assert_array_equal(ds.train.labels, arrays["train-labels-idx1-ubyte.gz"])
+    image = ds.test.image(4)
+    assert image.shape == (28, 28, 3)
+    np.testing.assert_array_equal(image[..., 1], arrays["t10k-images-idx3-ubyte.gz"][4])
+
+
+def test_fashion_mnist_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        embedded.load_fashion_mnist(str(tmp_path))
+    bad = tmp_path / "x.gz"
+    with gzip.open(bad, "wb") as f:
+        f.write(bytes([0, 0, 0x08, 1]) + struct.pack(">I", 10) + b"\x00" * 3)
+    with pytest.raises(ValueError, match="truncated"):
+        embedded.read_idx(str(bad))
+
+
+@pytest.mark.skipif(
+    not os.path.exists(embedded.FASHION_MNIST_DIR),
+    reason="Debian's dataset-fashion-mnist is not installed",
+)
+def test_fashion_mnist_real_files():
+    ds = embedded.load_fashion_mnist()
+    assert (len(ds.train), len(ds.test)) == (60000, 10000)
+    assert ds.train.image(0).shape == (28, 28, 3)
+    np.testing.assert_array_equal(np.bincount(ds.test.labels), [1000] * 10)
+
+
+def _make_folder(root, classes, per_class, size=(12, 9), mode="RGB"):
+    rng = np.random.default_rng(0)
+    for name in classes:
+        os.makedirs(root / name, exist_ok=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).convert(mode).save(root / name / f"{i:03d}.png")
+
+
+def test_image_folder_stratified_split(tmp_path):
+    _make_folder(tmp_path, ["b_cls", "a_cls", "c_cls"], per_class=10, mode="L")
+    (tmp_path / "a_cls" / "notes.txt").write_text("not an image")
+    ds = folder.load_folder(str(tmp_path), split_seed=3)
+    assert ds.class_names == ("a_cls", "b_cls", "c_cls")
+    assert (len(ds.train), len(ds.test)) == (24, 6)
+    np.testing.assert_array_equal(np.bincount(ds.test.labels), [2, 2, 2])
+    image = ds.test.image(0)
+    assert image.shape == (12, 9, 3) and image.dtype == np.uint8  # grayscale -> RGB
+    train_paths = {ds.train.base.paths[i] for i in ds.train.indices}
+    test_paths = {ds.test.base.paths[i] for i in ds.test.indices}
+    assert not train_paths & test_paths and len(train_paths | test_paths) == 30
+
+
+def test_image_folder_explicit_splits(tmp_path):
+    _make_folder(tmp_path / "train", ["x", "y"], per_class=3)
+    _make_folder(tmp_path / "test", ["x", "y"], per_class=2)
+    ds = folder.load_folder(str(tmp_path))
+    assert (len(ds.train), len(ds.test)) == (6, 4)
+    np.testing.assert_array_equal(ds.test.labels, [0, 0, 1, 1])
+    expected = np.asarray(Image.open(tmp_path / "test" / "y" / "001.png").convert("RGB"))
+    np.testing.assert_array_equal(ds.test.image(3), expected)
+
+
+def test_image_folder_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        folder.load_folder(str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="no class sub-directories"):
+        folder.load_folder(str(tmp_path))
+    os.makedirs(tmp_path / "empty_class")
+    with pytest.raises(FileNotFoundError, match="holds no images"):
+        folder.load_folder(str(tmp_path))
+
+
+def test_dataset_rejects_out_of_range_labels():
+    source = ArraySource(np.zeros((2, 4, 4), np.uint8), np.array([0, 3]))
+    with pytest.raises(ValueError, match="labels span"):
+        Dataset("bad", source, source, ("a", "b"))
+
+
+def test_to_rgb():
+    gray = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    assert to_rgb(gray).shape == (2, 3, 3)
+    rgba = np.zeros((2, 2, 4), np.uint8)
+    assert to_rgb(rgba).shape == (2, 2, 3)
+    with pytest.raises(TypeError, match="uint8"):
+        to_rgb(np.zeros((2, 2), np.float32))
