@@ -345,9 +345,7 @@ def verify_round_trip(path: Path, reference: torch.nn.Module, images_nchw: np.nd
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("tests/fixtures/timm_tiny_vit.npz"))
-    parser.add_argument(
-        "--io-out", type=Path, default=Path("tests/fixtures/timm_tiny_vit_io.npz")
-    )
+    parser.add_argument("--io-out", type=Path, default=Path("tests/fixtures/timm_tiny_vit_io.npz"))
     args = parser.parse_args(argv)
 
     torch, timm, stubbed = _import_torch_and_timm()

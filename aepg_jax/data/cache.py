@@ -78,8 +78,10 @@ def _combine(chunk_digests: Sequence[str]) -> str:
 def images_checksum(images: np.ndarray) -> str:
     """sha256 over the sha256 of each `_CHUNK`-example chunk (resumable while writing)."""
     return _combine(
-        [_sha256(np.ascontiguousarray(images[i : i + _CHUNK]).tobytes())
-         for i in range(0, len(images), _CHUNK)]
+        [
+            _sha256(np.ascontiguousarray(images[i : i + _CHUNK]).tobytes())
+            for i in range(0, len(images), _CHUNK)
+        ]
     )
 
 
@@ -159,15 +161,21 @@ def load_or_build(
             raise ValueError(f"resize gave {image.shape} {image.dtype} for example {i}.")
         return image
 
-    bar = tqdm.tqdm(total=n, initial=state["done"], desc=f"caching {dataset}/{split} @{size}px",
-                    unit="img", disable=not progress)
+    bar = tqdm.tqdm(
+        total=n,
+        initial=state["done"],
+        desc=f"caching {dataset}/{split} @{size}px",
+        unit="img",
+        disable=not progress,
+    )
     with concurrent.futures.ThreadPoolExecutor(num_workers or os.cpu_count()) as pool:
         for start in range(state["done"], n, _CHUNK):
             stop = min(start + _CHUNK, n)
             images[start:stop] = np.stack(list(pool.map(decode, range(start, stop))))
             images.flush()
-            state["chunk_sha256"].append(_sha256(np.ascontiguousarray(images[start:stop])
-                                                 .tobytes()))
+            state["chunk_sha256"].append(
+                _sha256(np.ascontiguousarray(images[start:stop]).tobytes())
+            )
             state["done"] = stop
             _write_json(progress_path, state)
             bar.update(stop - start)

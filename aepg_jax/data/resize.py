@@ -18,7 +18,10 @@ from PIL import Image
 
 
 def resized_shape(height: int, width: int, size: int) -> tuple[int, int]:
-    """(H', W') of torchvision `Resize(size)`: short side -> `size`, long -> `int(size*long/short)`."""
+    """(H', W') of torchvision `Resize(size)`: short side -> `size`, long -> `int(size*long/short)`.
+
+    The long side is truncated, as in torchvision's `_compute_resized_output_size`.
+    """
     if size <= 0:
         raise ValueError(f"size must be positive; got {size}.")
     if height <= 0 or width <= 0:
@@ -35,7 +38,7 @@ def center_crop_offsets(height: int, width: int, crop: int) -> tuple[int, int]:
             f"Cannot center-crop {crop}x{crop} from a {height}x{width} image (torchvision would "
             "pad; this pipeline never should)."
         )
-    return int(round((height - crop) / 2.0)), int(round((width - crop) / 2.0))
+    return round((height - crop) / 2.0), round((width - crop) / 2.0)
 
 
 def _check_image(image: np.ndarray) -> np.ndarray:
