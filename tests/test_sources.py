@@ -132,3 +132,20 @@ def test_to_rgb():
     assert to_rgb(rgba).shape == (2, 2, 3)
     with pytest.raises(TypeError, match="uint8"):
         to_rgb(np.zeros((2, 2), np.float32))
+
+
+def test_load_dataset_dispatches_every_source(tmp_path):
+    from aepg_jax.data import datasets
+
+    assert datasets.load_dataset("digits", split_seed=2).name == "digits"
+    _make_folder(tmp_path / "imgs", ["a", "b"], per_class=5)
+    ds = datasets.load_dataset("folder", name="clrs", data_dir=str(tmp_path / "imgs"))
+    assert ds.name == "clrs" and ds.class_names == ("a", "b")
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
+        datasets.load_dataset("fashion_mnist", data_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="needs data_dir"):
+        datasets.load_dataset("folder")
+    with pytest.raises(ValueError, match="needs name, one of: caltech_birds2011"):
+        datasets.load_dataset("tfds")
+    with pytest.raises(ValueError, match="Unknown data source 'cifar'; valid: digits"):
+        datasets.load_dataset("cifar")
