@@ -42,6 +42,11 @@ def _flat(params: Params) -> dict[tuple[str, ...], Any]:
     return traverse_util.flatten_dict(params)
 
 
+def named_leaves(params: Params) -> dict[str, Any]:
+    """`{"/"-joined name: leaf}` for every leaf."""
+    return {"/".join(path): leaf for path, leaf in _flat(params).items()}
+
+
 def param_names(params: Params) -> list[str]:
     """The `/`-joined names of every leaf, in flattening order."""
     return ["/".join(path) for path in _flat(params)]

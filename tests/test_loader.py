@@ -124,3 +124,19 @@ def test_sharded_over_8_devices_matches_one_device():
     assert eight["train"] == one["train"] and eight["eval"] == one["eval"]
     assert "multiple of the number of devices (8)" in eight["error"]
     assert jax.device_count() >= 1  # the test process itself is untouched
+
+
+def test_start_skips_batches_of_the_same_epoch():
+    images, labels = _data()
+    mesh = loader.data_mesh()
+
+    def rows(start):
+        return [
+            np.asarray(b["image"][:, 0, 0, 0]).tolist()
+            for b in loader.iterate(
+                images, labels, np.arange(N), 8, mesh, train=True, seed=5, epoch=2, start=start
+            )
+        ]
+
+    assert rows(4) == rows(0)[4:]
+    assert rows(100) == []

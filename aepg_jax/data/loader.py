@@ -80,9 +80,13 @@ def iterate(
     train: bool,
     seed: int = 0,
     epoch: int = 0,
+    start: int = 0,
     prefetch: int = 2,
 ) -> Iterator[dict[str, jax.Array]]:
-    """Global batches of `images[indices]` with `labels[indices]` (see the module docstring)."""
+    """Global batches of `images[indices]` with `labels[indices]` (see the module docstring).
+
+    `start` skips the epoch's first batches without reading them (resuming mid-epoch).
+    """
     check_batch_size(batch_size, mesh)
     indices = np.asarray(indices, np.int64)
     if train:
@@ -108,8 +112,11 @@ def iterate(
         return jax.make_array_from_process_local_data(sharding, x, shape)
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = collections.deque(pool.submit(host_batch, b) for b in range(min(prefetch, count)))
-        for b in range(count):
+        first = min(start, count)
+        pending = collections.deque(
+            pool.submit(host_batch, b) for b in range(first, min(first + prefetch, count))
+        )
+        for b in range(first, count):
             image, label, mask = pending.popleft().result()
             if b + prefetch < count:
                 pending.append(pool.submit(host_batch, b + prefetch))

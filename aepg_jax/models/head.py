@@ -45,11 +45,16 @@ def head_sizes(params: dict[str, Any]) -> tuple[int, ...]:
     return tuple(heads[task_name(t)]["bias"].shape[0] for t in range(len(heads)))
 
 
-def grow(params: dict[str, Any], rng: jax.Array, num_classes: int) -> dict[str, Any]:
-    """`params` plus a fresh head for the next task: kernel (D, n) ~ N(0, 0.001^2), bias 0."""
+def grow(
+    params: dict[str, Any], rng: jax.Array, num_classes: int, width: int | None = None
+) -> dict[str, Any]:
+    """`params` plus a fresh head for the next task: kernel (D, n) ~ N(0, 0.001^2), bias 0.
+
+    `width` (D) defaults to the `cls` token's width; give it for a tree without the backbone.
+    """
     if num_classes < 1:
         raise ValueError(f"A task head needs at least one class; got {num_classes}.")
-    width = params["cls"].shape[-1]
+    width = width or params["cls"].shape[-1]
     heads = dict(params.get("head", {}))
     new = task_name(len(heads))
     chex.assert_equal(new in heads, False)

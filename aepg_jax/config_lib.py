@@ -1,0 +1,225 @@
+"""The run configuration: every field, its default (SPEC §1-§7) and its validation.
+
+Config files in `configs/` start from `base_config()` and override fields; the driver locks
+the result, applies `--config.a.b=value` overrides and calls `validate` before anything runs.
+
+Fields (defaults in brackets):
+
+  seed [0]                     every random choice (init, data order, augmentation) derives from it
+  data.source [digits]         digits | fashion_mnist | folder | tfds (see data/datasets.py)
+  data.name [None]             TFDS name, or a label for a folder dataset's cache
+  data.data_dir [None]         TFDS data dir, image-folder root, or Fashion-MNIST IDX dir
+  data.split_seed [0]          stratified 80/20 train/test split of digits and plain folders
+  data.cache_dir [~/.cache/aepg_jax]  where decoded uint8 caches live
+  data.store_size [256]        cache resolution (side of the stored square images)
+  data.verify_cache [False]    re-hash cached images on load
+  data.num_tasks [5]           tasks the classes are cut into (np.array_split)
+  data.class_order_seed [None] None: identity class order; int: a permutation from this seed
+  data.label_noise [0.0]       symmetric within-task label noise rate on training labels
+  data.noise_seed [0]          seed of the label noise
+  data.normalize [minus_one_one]  minus_one_one ([-1, 1], augreg) | none ([0, 1], LAE's)
+  data.crop_scale [(0.05, 1.0)] / data.crop_ratio [(0.75, 1.333...)] / data.flip_prob [0.5]
+  model.*                      see models/vit.py model_config (preset fields + peft.*)
+  model.preset [vit_b16]       the preset the model fields came from (informational)
+  model.init [random]          random | augreg (load model.checkpoint) | pretrained (pretrain.*)
+  model.checkpoint [None]      path of an augreg/original ViT .npz (model.init=augreg)
+  pretrain.dataset [fashion_mnist]  source pretraining a small backbone when model.init=pretrained
+  pretrain.epochs [2] / pretrain.batch_size [128] / pretrain.learning_rate [1e-3]
+  pretrain.cache_dir [~/.cache/aepg_jax/pretrained]  trained backbones, reused across runs
+  loss.name [aepg]             ce | epg | aepg | mix | focal | label_smoothing |
+                               confidence_penalty | entropy_penalty (losses.py)
+  loss.gamma [1.0] / loss.smoothing [0.05] / loss.beta [None: the loss's default] / loss.alpha
+                               [0.5]: hyperparameters, passed only to the loss that takes them
+  schedule.name [sigmoid]      sigmoid | linear | cosine | constant: alpha_t of aepg
+  schedule.tau [6.0] / schedule.alpha [1.0] (constant)
+  optim.learning_rate [5e-4] / optim.b1 [0.9] / optim.b2 [0.999] / optim.eps [1e-8]
+  optim.batch_size [256]       global batch (a multiple of the device count)
+  optim.epochs [50]            epochs per task
+  optim.peft_freeze_epochs [30]  head-only epochs at the start of tasks >= 1
+  method.name [plain]          plain | lae | lwf
+  method.ema_decay [0.999]     LAE offline-PEFT EMA decay
+  method.lwf_temperature [1.0] / method.lwf_weight [1.0]
+  eval.batch_size [256]
+  log_every_steps [50] / checkpoint_every_steps [0: only after each task]
+  max_steps_per_task [None]    cap on steps per task (smoke tests)
+  distributed [False]          call jax.distributed.initialize() (multi-host)
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+from aepg_jax import losses, schedules
+from aepg_jax.data import datasets
+from aepg_jax.models import peft as peft_lib
+from aepg_jax.models import vit
+
+METHODS = ("plain", "lae", "lwf")
+MODEL_INITS = ("random", "augreg", "pretrained")
+NORMALIZE = ("minus_one_one", "none")
+
+
+def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
+    """All fields with their SPEC defaults (see the module docstring)."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.data = dict(
+        source="digits",
+        name=config_dict.placeholder(str),
+        data_dir=config_dict.placeholder(str),
+        split_seed=0,
+        cache_dir="~/.cache/aepg_jax",
+        store_size=256,
+        verify_cache=False,
+        num_tasks=5,
+        class_order_seed=config_dict.placeholder(int),
+        label_noise=0.0,
+        noise_seed=0,
+        normalize="minus_one_one",
+        crop_scale=(0.05, 1.0),
+        crop_ratio=(3 / 4, 4 / 3),
+        flip_prob=0.5,
+    )
+    c.model = vit.model_config(preset)
+    c.model.preset = preset
+    c.model.init = "random"
+    c.model.checkpoint = config_dict.placeholder(str)
+    c.pretrain = dict(
+        dataset="fashion_mnist",
+        epochs=2,
+        batch_size=128,
+        learning_rate=1e-3,
+        cache_dir="~/.cache/aepg_jax/pretrained",
+    )
+    c.loss = dict(
+        name="aepg", gamma=1.0, smoothing=0.05, beta=config_dict.placeholder(float), alpha=0.5
+    )
+    c.schedule = dict(name="sigmoid", tau=6.0, alpha=1.0)
+    c.optim = dict(
+        learning_rate=5e-4,
+        b1=0.9,
+        b2=0.999,
+        eps=1e-8,
+        batch_size=256,
+        epochs=50,
+        peft_freeze_epochs=30,
+    )
+    c.method = dict(name="plain", ema_decay=0.999, lwf_temperature=1.0, lwf_weight=1.0)
+    c.eval = dict(batch_size=256)
+    c.log_every_steps = 50
+    c.checkpoint_every_steps = 0
+    c.max_steps_per_task = config_dict.placeholder(int)
+    c.distributed = False
+    return c
+
+
+def loss_kwargs(cfg: ml_collections.ConfigDict) -> dict[str, float]:
+    """The `loss.*` hyperparameters that `cfg.loss.name` accepts (unset beta: its default)."""
+    accepted = losses.loss_hyperparameters(cfg.loss.name)
+    return {k: cfg.loss[k] for k in accepted if cfg.loss.get(k) is not None}
+
+
+def schedule_kwargs(cfg: ml_collections.ConfigDict) -> dict[str, float]:
+    """The `schedule.*` hyperparameters of `cfg.schedule.name`."""
+    return {"sigmoid": {"tau": cfg.schedule.tau}, "constant": {"alpha": cfg.schedule.alpha}}.get(
+        cfg.schedule.name, {}
+    )
+
+
+def _check(condition: bool, message: str, problems: list[str]) -> None:
+    if not condition:
+        problems.append(message)
+
+
+def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
+    """Raises ValueError listing every impossible value, each with what to change."""
+    p: list[str] = []
+    d, o, m = cfg.data, cfg.optim, cfg.method
+    _check(
+        d.source in datasets.SOURCES,
+        f"data.source={d.source!r} is unknown; use one of {', '.join(datasets.SOURCES)}.",
+        p,
+    )
+    _check(
+        d.source != "folder" or bool(d.data_dir),
+        "data.source=folder needs data.data_dir=<image folder root>.",
+        p,
+    )
+    _check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=<tfds name>.", p)
+    _check(d.num_tasks >= 1, f"data.num_tasks={d.num_tasks} must be >= 1.", p)
+    _check(0.0 <= d.label_noise < 1.0, f"data.label_noise={d.label_noise} must be in [0, 1).", p)
+    _check(d.normalize in NORMALIZE, f"data.normalize={d.normalize!r}: use {NORMALIZE}.", p)
+    _check(
+        d.store_size >= cfg.model.image_size,
+        f"data.store_size={d.store_size} must be >= model.image_size={cfg.model.image_size}.",
+        p,
+    )
+    for name in ("crop_scale", "crop_ratio"):
+        lo, hi = d[name]
+        _check(0 < lo <= hi, f"data.{name}={tuple(d[name])} must satisfy 0 < lo <= hi.", p)
+    _check(0.0 <= d.flip_prob <= 1.0, f"data.flip_prob={d.flip_prob} must be in [0, 1].", p)
+    _check(
+        cfg.model.peft.kind in peft_lib.PEFT_KINDS,
+        f"model.peft.kind={cfg.model.peft.kind!r}: use one of {peft_lib.PEFT_KINDS}.",
+        p,
+    )
+    _check(
+        cfg.model.init in MODEL_INITS,
+        f"model.init={cfg.model.init!r}: use one of {MODEL_INITS}.",
+        p,
+    )
+    _check(
+        cfg.model.init != "augreg" or bool(cfg.model.checkpoint),
+        "model.init=augreg needs model.checkpoint=<path to the .npz you downloaded>.",
+        p,
+    )
+    try:
+        losses.get_loss(cfg.loss.name, **loss_kwargs(cfg))
+    except ValueError as err:
+        p.append(f"loss: {err}")
+    try:
+        schedules.get_schedule(cfg.schedule.name, 1, **schedule_kwargs(cfg))
+    except (ValueError, TypeError) as err:
+        p.append(f"schedule: {err}")
+    _check(o.learning_rate > 0, f"optim.learning_rate={o.learning_rate} must be > 0.", p)
+    _check(o.epochs >= 1, f"optim.epochs={o.epochs} must be >= 1.", p)
+    _check(
+        0 <= o.peft_freeze_epochs <= o.epochs,
+        f"optim.peft_freeze_epochs={o.peft_freeze_epochs} must be in [0, optim.epochs].",
+        p,
+    )
+    for name, batch in (
+        ("optim.batch_size", o.batch_size),
+        ("eval.batch_size", cfg.eval.batch_size),
+    ):
+        _check(
+            batch > 0 and batch % num_devices == 0,
+            f"{name}={batch} must be a positive multiple of the {num_devices} device(s).",
+            p,
+        )
+    _check(m.name in METHODS, f"method.name={m.name!r}: use one of {METHODS}.", p)
+    _check(0.0 <= m.ema_decay < 1.0, f"method.ema_decay={m.ema_decay} must be in [0, 1).", p)
+    _check(m.lwf_temperature > 0, f"method.lwf_temperature={m.lwf_temperature} must be > 0.", p)
+    _check(cfg.log_every_steps >= 1, f"log_every_steps={cfg.log_every_steps} must be >= 1.", p)
+    _check(
+        cfg.checkpoint_every_steps >= 0,
+        f"checkpoint_every_steps={cfg.checkpoint_every_steps} must be >= 0 (0: per task).",
+        p,
+    )
+    _check(
+        cfg.max_steps_per_task is None or cfg.max_steps_per_task >= 1,
+        "max_steps_per_task must be unset or >= 1.",
+        p,
+    )
+    if p:
+        raise ValueError("Invalid config:\n  - " + "\n  - ".join(p))
+
+
+def validate_against_dataset(cfg: ml_collections.ConfigDict, num_classes: int) -> None:
+    """Checks that need the dataset: more tasks than classes is impossible."""
+    if cfg.data.num_tasks > num_classes:
+        raise ValueError(
+            f"Invalid config: data.num_tasks={cfg.data.num_tasks} exceeds the dataset's "
+            f"{num_classes} classes; use data.num_tasks <= {num_classes}."
+        )

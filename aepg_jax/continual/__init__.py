@@ -1,0 +1,1 @@
+"""Class-incremental continual learning: task loop, metrics and reports."""

@@ -1,0 +1,115 @@
+"""Orbax checkpoints of a continual run: `<workdir>/checkpoints/<global_step>/`.
+
+Each checkpoint holds three items: `state` (the `TrainState`: trainable PEFT + heads, optimizer
+state, LAE's offline PEFT, steps, RNG), `lwf` (LwF's previous-task parameters, only when a
+task is checkpointed mid-way under LwF) and
+`meta` (JSON: task index, phase `in_task` / `task_done`, epoch, the accuracy tracker, head
+sizes, the backbone fingerprint, wall time). The frozen backbone is not saved: its sha256
+fingerprint is stored and checked on resume.
+
+Saves are asynchronous (`wait()` before anything depends on them). On resume the newest
+checkpoint is restored; if it is corrupt or partial, the previous one is tried, with a warning,
+and so on. If checkpoints exist but none can be restored, that is an error, never a silent
+fresh start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from aepg_jax import partition
+
+
+def backbone_fingerprint(frozen: dict[str, Any]) -> str:
+    """sha256 over the frozen leaves' names, shapes, dtypes and bytes."""
+    digest = hashlib.sha256()
+    for name, leaf in sorted(partition.named_leaves(frozen).items()):
+        array = np.asarray(jax.device_get(leaf))
+        digest.update(f"{name}:{array.shape}:{array.dtype}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+class Checkpointer:
+    """Saves and restores (state, lwf params, meta) under `directory`."""
+
+    def __init__(self, directory: str, max_to_keep: int = 3):
+        self.directory = os.path.abspath(directory)
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        )
+
+    def steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def save(self, step: int, state: Any, lwf: Any, meta: dict[str, Any]) -> None:
+        """Starts an asynchronous save of checkpoint `step` (replaces an existing one)."""
+        if step in self._manager.all_steps():
+            self._manager.wait_until_finished()
+            self._manager.delete(step)
+        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+        if lwf is not None:  # Orbax refuses empty items: LwF's copy is saved only when it exists
+            items["lwf"] = ocp.args.StandardSave(lwf)
+        self._manager.save(step, args=ocp.args.Composite(**items))
+
+    def wait(self) -> None:
+        """Blocks until the pending asynchronous save is on disk."""
+        self._manager.wait_until_finished()
+
+    def restore_latest(
+        self, make_target: Callable[[dict[str, Any]], tuple[Any, Any]]
+    ) -> tuple[Any, Any, dict[str, Any]] | None:
+        """`(state, lwf, meta)` of the newest restorable checkpoint; None if there is none.
+
+        `make_target(meta)` builds abstract (or concrete) `(state, lwf)` trees of the right
+        structure for that checkpoint's task.
+        """
+        steps = self.steps()
+        failures = []
+        for step in reversed(steps):
+            try:
+                meta = self._manager.restore(
+                    step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+                )["meta"]
+                state_target, lwf_target = make_target(meta)
+                items = {"state": ocp.args.StandardRestore(state_target)}
+                if lwf_target is not None:
+                    items["lwf"] = ocp.args.StandardRestore(lwf_target)
+                restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+            except Exception as err:  # any failure means: try the previous checkpoint
+                failures.append(f"step {step}: {type(err).__name__}: {err}")
+                logging.warning(
+                    "Checkpoint %d in %s cannot be restored (%s); trying the previous one.",
+                    step,
+                    self.directory,
+                    err,
+                )
+                continue
+            if failures:
+                logging.warning(
+                    "Resumed from checkpoint %d after skipping %d unreadable newer checkpoint(s).",
+                    step,
+                    len(failures),
+                )
+            lwf = restored.get("lwf") if lwf_target is not None else None
+            return restored["state"], lwf, meta
+        if steps:
+            raise RuntimeError(
+                f"None of the checkpoints {steps} in {self.directory} can be restored:\n  "
+                + "\n  ".join(failures)
+                + "\nMove the workdir away to start fresh, or fix the files."
+            )
+        return None
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()

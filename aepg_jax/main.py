@@ -1,0 +1,91 @@
+"""Entry point of a continual fine-tuning run.
+
+    python -m aepg_jax.main --config=configs/<name>.py[:args] --workdir=DIR [--config.a.b=value]
+
+The config file's `get_config(arg)` builds the config, which is locked (an override of an
+unknown key or of the wrong type is an error), validated (`config_lib.validate`), and saved as
+`DIR/config.json`. Re-running with the same config and workdir resumes from the newest
+checkpoint; a different config on an existing run's workdir is refused. Multi-host: pass
+`--config.distributed=True` (or set JAX_COORDINATOR_ADDRESS) to call
+`jax.distributed.initialize()` first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from aepg_jax import config_lib
+from aepg_jax.checkpoints import augreg
+from aepg_jax.continual import loop
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file, configs/<name>.py[:args].", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Run directory (config, metrics, checkpoints, results); re-run to resume."
+)
+flags.mark_flags_as_required(["config", "workdir"])
+
+# Errors that mean "the user must change something": shown as one line, not a traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError, augreg.CheckpointError)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flatten(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_or_save_config(cfg, workdir: str) -> None:
+    """Saves the config in a new workdir; refuses a different config in an existing one."""
+    path = os.path.join(workdir, "config.json")
+    current = json.loads(cfg.to_json_best_effort())
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f)
+        a, b = _flatten(saved), _flatten(current)
+        diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        if diff:
+            raise ValueError(
+                f"{workdir} holds a run with another config (differs in: {', '.join(diff)}). "
+                "Use a new --workdir, or the same config to resume that run."
+            )
+        return
+    if jax.process_index() == 0:
+        os.makedirs(workdir, exist_ok=True)
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(current, f, indent=1)
+        os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # orbax and XLA log a lot at INFO
+    cfg = _CONFIG.value
+    if cfg.distributed or os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize()
+    workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
+    try:
+        config_lib.validate(cfg, jax.device_count())
+        check_or_save_config(cfg, workdir)
+        loop.run(cfg, workdir)
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,153 @@
+"""Pretrains a small ViT backbone offline (e.g. on Fashion-MNIST) for `model.init=pretrained`.
+
+The embedded default has no downloadable weights, so it makes its own: the model (without
+PEFT) plus one linear head is trained with cross-entropy and Adam for `pretrain.epochs`
+epochs, and the backbone is written as an `.npz` with Linen names under `pretrain.cache_dir`,
+named by a hash of everything that shapes it (model fields, pretraining settings, seed,
+normalisation). Later runs with the same settings reuse the file (`augreg.load_backbone` reads
+it). The write is atomic: a killed pretraining leaves no file that would be trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tqdm
+
+from aepg_jax import losses, partition
+from aepg_jax.data import augment, cache, datasets, loader
+from aepg_jax.models import vit
+
+_MODEL_FIELDS = (
+    "patch_size",
+    "hidden_size",
+    "depth",
+    "num_heads",
+    "mlp_dim",
+    "image_size",
+    "num_channels",
+)
+
+
+def backbone_path(cfg: ml_collections.ConfigDict) -> str:
+    """Where the pretrained backbone for `cfg` lives (a hash of what determines it)."""
+    key = {
+        "model": {k: cfg.model[k] for k in _MODEL_FIELDS},
+        "pretrain": {k: v for k, v in cfg.pretrain.items() if k != "cache_dir"},
+        "seed": cfg.seed,
+        "normalize": cfg.data.normalize,
+        "data_dir": cfg.data.data_dir if cfg.pretrain.dataset == cfg.data.source else None,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    name = f"{cfg.pretrain.dataset}-{cfg.model.hidden_size}x{cfg.model.depth}-{digest}.npz"
+    return os.path.join(os.path.expanduser(cfg.pretrain.cache_dir), name)
+
+
+def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> str:
+    """Path of the pretrained backbone `.npz`, training it first if it is not cached."""
+    path = backbone_path(cfg)
+    if os.path.exists(path):
+        logging.info("Using the cached pretrained backbone %s.", path)
+        return path
+    start = time.time()
+    p = cfg.pretrain
+    ds = datasets.load_dataset(p.dataset, split_seed=cfg.data.split_seed)
+    size = cfg.model.image_size
+    root = os.path.expanduser(cfg.data.cache_dir)
+    train = cache.load_or_build(ds.train, root, ds.name, "train", size)
+    test = cache.load_or_build(ds.test, root, ds.name, "test", size)
+
+    model_cfg = ml_collections.ConfigDict(cfg.model.to_dict())
+    model_cfg.peft.kind = "none"
+    num_classes = len(ds.class_names)
+    model = vit.build(model_cfg, (num_classes,))
+    key = jax.random.PRNGKey(cfg.seed)
+    params = vit.init_params(model_cfg, jax.random.fold_in(key, 1), (num_classes,))
+    optimizer = optax.adam(p.learning_rate)
+    opt_state = optimizer.init(params)
+    normalize = cfg.data.normalize
+
+    @jax.jit
+    def step(params, opt_state, batch, step_key):
+        x = augment.train_augment(
+            step_key,
+            batch["image"],
+            size,
+            scale=(0.6, 1.0),
+            flip_prob=0.0,
+            normalize_mode=normalize,
+        )
+
+        def loss_fn(prm):
+            logits, _ = model.apply({"params": prm}, x)
+            return jnp.mean(losses.cross_entropy(logits, batch["label"]))
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    @jax.jit
+    def correct(params, batch):
+        x = augment.test_transform(batch["image"], size, normalize)
+        logits, _ = model.apply({"params": params}, x)
+        return jnp.sum((jnp.argmax(logits, -1) == batch["label"]) & batch["mask"])
+
+    batch_size = p.batch_size
+    steps = loader.num_batches(len(train), batch_size, drop_last=True) * p.epochs
+    bar = tqdm.tqdm(total=steps, desc=f"pretraining on {ds.name}", unit="step")
+    loss = jnp.nan
+    for epoch in range(p.epochs):
+        for i, batch in enumerate(
+            loader.iterate(
+                train.images,
+                train.labels,
+                np.arange(len(train)),
+                batch_size,
+                mesh,
+                train=True,
+                seed=cfg.seed,
+                epoch=epoch,
+            )
+        ):
+            step_key = jax.random.fold_in(key, epoch * 1_000_000 + i)
+            params, opt_state, loss = step(params, opt_state, batch, step_key)
+            bar.update(1)
+            if i % 50 == 0:
+                bar.set_postfix(loss=f"{float(loss):.3f}")
+    bar.close()
+    if not np.isfinite(float(loss)):
+        raise FloatingPointError(f"Pretraining on {ds.name} diverged (loss {float(loss)}).")
+    hits = sum(
+        int(correct(params, b))
+        for b in loader.iterate(
+            test.images, test.labels, np.arange(len(test)), batch_size, mesh, train=False
+        )
+    )
+    accuracy = hits / len(test)
+    logging.info(
+        "Pretrained on %s: test accuracy %.4f in %.0f s.", ds.name, accuracy, time.time() - start
+    )
+    print(
+        f"pretrained backbone on {ds.name}: test accuracy {100 * accuracy:.1f}% "
+        f"({time.time() - start:.0f} s) -> {path}"
+    )
+
+    backbone, _ = partition.split(params, partition.label_params(params), (partition.BACKBONE,))
+    flat = {name: np.asarray(leaf) for name, leaf in partition.named_leaves(backbone).items()}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **flat)
+    os.replace(tmp, path)
+    with open(f"{path[:-4]}.json", "w") as f:
+        json.dump({"dataset": ds.name, "test_accuracy": accuracy, "epochs": p.epochs}, f)
+    return path

@@ -1,0 +1,51 @@
+r"""Split CUB-200: 200 bird species in 10 tasks of 20, ViT-B/16 augreg with PEFT.
+
+Arguments (`configs/cub200.py:key=value,...`, defaults in brackets):
+  tasks [10]        tasks of 200 / tasks classes
+  peft [lora]       lora | adapter | prefix
+  method [lae]      plain | lwf | lae
+  loss [aepg]       ce | epg | aepg | mix | focal | label_smoothing | confidence_penalty |
+                    entropy_penalty
+  seed [0]          the run's seed (the paper averages seeds 0-4 or 0-2)
+  noise [0.0]       symmetric label-noise rate of the training labels (0.2 in Table 6)
+  schedule [sigmoid] / tau [6.0] / alpha [0.5] / gamma [1.0] / smoothing [0.05] / beta
+                    as in configs/imagenet_r.py
+
+Data: TFDS `caltech_birds2011` (train / test), prepared once with
+`tfds build caltech_birds2011 --file_format=array_record --data_dir=DIR`; add
+`--config.data.data_dir=DIR` unless DIR is TFDS's default. Weights: the augreg
+`B_16-i21k-300ep-...-res_224.npz` of the paper's footnote (see configs/README.md), passed with
+`--config.model.checkpoint=$CKPT` (required).
+
+    CKPT=/path/to/B_16-i21k-300ep-...-res_224.npz
+
+    # Table 2: LAE and LAE+aEPG with LoRA, Adapter and Prefix, 3 seeds.
+    for p in lora adapter prefix; do for l in ce aepg; do for s in 0 1 2; do
+      python -m aepg_jax.main --config=configs/cub200.py:peft=$p,method=lae,loss=$l,seed=$s \
+        --config.model.checkpoint=$CKPT --workdir=runs/cub200/t2_$p-$l-$s
+    done; done; done
+
+    # Table 3: entropy regularisers, LoRA, 5 seeds.
+    for l in ce focal label_smoothing confidence_penalty epg aepg entropy_penalty; do
+      for s in 0 1 2 3 4; do
+        python -m aepg_jax.main --config=configs/cub200.py:method=plain,loss=$l,seed=$s \
+          --config.model.checkpoint=$CKPT --workdir=runs/cub200/t3_$l-$s
+    done; done
+
+    # Table 6: 20% symmetric label noise, CE vs aEPG, 3 seeds.
+    for l in ce aepg; do for s in 0 1 2; do
+      python -m aepg_jax.main --config=configs/cub200.py:method=plain,loss=$l,noise=0.2,seed=$s \
+        --config.model.checkpoint=$CKPT --workdir=runs/cub200/t6_$l-$s
+    done; done
+"""
+
+from aepg_jax import config_args
+
+
+def get_config(arg=None):
+    a = config_args.parse_arg(arg, tasks=10, **config_args.PAPER_ARGS)
+    c = config_args.paper_config(a)
+    c.data.source = "tfds"
+    c.data.name = "caltech_birds2011"
+    c.data.num_tasks = a.tasks
+    return c

@@ -1,0 +1,148 @@
+"""Overlays the entropy curves and A_t of several runs (like the paper's Figure 3, CE vs aEPG)
+and prints mean +- std over seeds of runs whose configs differ only in the seed.
+
+    python scripts/compare_runs.py runs/ce_s0 runs/ce_s1 runs/aepg_s0 runs/aepg_s1 \
+        --out compare.png --label-key loss.name --label-key method.name
+
+Each RUN_DIR needs the results.json written at the end of a run; its metrics.jsonl is optional
+(without it the run has no entropy curve). std is the sample standard deviation (ddof=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from aepg_jax.continual import report
+
+METRICS = ("A_T", "avg_inc_acc", "forgetting", "acc_pooled_T")
+DEFAULT_LABEL_KEYS = ("loss.name", "method.name")
+
+
+def load_run(run_dir: Path) -> dict[str, Any]:
+    """results.json and (if present) metrics.jsonl of one run directory."""
+    results_path = run_dir / report.RESULTS_FILE
+    if not results_path.is_file():
+        raise SystemExit(
+            f"error: {run_dir} has no {report.RESULTS_FILE}; pass the workdir of a finished run "
+            "(results.json is written when the run completes)."
+        )
+    results = json.loads(results_path.read_text(encoding="utf-8"))
+    metrics_path = run_dir / report.METRICS_FILE
+    if metrics_path.is_file():
+        records = report.read_metrics(metrics_path)
+    else:
+        print(f"note: {run_dir} has no {report.METRICS_FILE}; no entropy curve.", file=sys.stderr)
+        records = []
+    return {"dir": run_dir, "results": results, "records": records}
+
+
+def lookup(config: dict[str, Any], dotted: str) -> Any:
+    """`config["a"]["b"]` for "a.b"; "?" when missing."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return "?"
+        node = node[part]
+    return node
+
+
+def group_runs(runs: list[dict[str, Any]], label_keys: list[str]) -> dict[str, list[dict]]:
+    """Runs grouped by their config without its top-level `seed`, labelled by `label_keys`."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        config = {k: v for k, v in run["results"].get("config", {}).items() if k != "seed"}
+        groups.setdefault(json.dumps(config, sort_keys=True), []).append(run)
+    labelled: dict[str, list[dict]] = {}
+    for members in groups.values():
+        config = members[0]["results"].get("config", {})
+        label = " / ".join(str(lookup(config, k)) for k in label_keys)
+        base, n = label, 2
+        while label in labelled:  # configs differ in keys the label does not show
+            label, n = f"{base} [{n}]", n + 1
+        labelled[label] = members
+    return labelled
+
+
+def mean_std(values: list[Any]) -> tuple[float, float, int]:
+    """Mean and sample std (ddof=1; NaN for one value) of the non-None values, and their count."""
+    v = np.array([x for x in values if x is not None], np.float64)
+    if not v.size:
+        return math.nan, math.nan, 0
+    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan, int(v.size)
+
+
+def format_table(groups: dict[str, list[dict]]) -> str:
+    width = max([len("group"), *map(len, groups)]) + 2
+    header = f"{'group':<{width}}{'seeds':>6}" + "".join(f"{m:>18}" for m in METRICS)
+    lines = [header, "-" * len(header)]
+    for label, members in groups.items():
+        cells = []
+        for metric in METRICS:
+            mean, std, n = mean_std([run["results"].get(metric) for run in members])
+            if n == 0:
+                cells.append(f"{'-':>18}")
+            elif math.isnan(std):
+                cells.append(f"{f'{mean:.2f} +- -':>18}")
+            else:
+                cells.append(f"{f'{mean:.2f} +- {std:.2f}':>18}")
+        lines.append(f"{label:<{width}}{len(members):>6}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def plot(groups: dict[str, list[dict]], out: str) -> None:
+    fig, (ax_h, ax_a) = plt.subplots(1, 2, figsize=(12, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for g, (label, members) in enumerate(groups.items()):
+        color = colors[g % len(colors)]
+        for r, run in enumerate(members):
+            name = label if r == 0 else None
+            train = [x for x in run["records"] if x.get("type") == "train"]
+            pts = [(x["step"], x["entropy"]) for x in train if x.get("entropy") is not None]
+            if pts:
+                steps, values = zip(*pts, strict=True)
+                ax_h.plot(steps, values, color=color, lw=0.9, alpha=0.8, label=name)
+            a_t = [np.nan if v is None else v for v in run["results"].get("A_t", [])]
+            ax_a.plot(range(len(a_t)), a_t, "o-", color=color, alpha=0.8, label=name)
+    ax_h.set(xlabel="global step", ylabel="output entropy H(p)", title="Entropy during training")
+    ax_a.set(xlabel="after task t", ylabel="A_t (%)", title="Incremental accuracy")
+    ax_a.xaxis.get_major_locator().set_params(integer=True)
+    for ax in (ax_h, ax_a):
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    parser.add_argument("--out", default="compare.png", help="PNG file to write")
+    parser.add_argument(
+        "--label-key",
+        action="append",
+        dest="label_keys",
+        help="dotted config key naming a group; repeatable (default: loss.name, method.name)",
+    )
+    args = parser.parse_args()
+    runs = [load_run(d) for d in args.run_dirs]
+    groups = group_runs(runs, args.label_keys or list(DEFAULT_LABEL_KEYS))
+    print(format_table(groups))
+    plot(groups, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
