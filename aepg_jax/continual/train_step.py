@@ -166,7 +166,7 @@ def make_train_step(
             "loss": loss,
             "alpha": alpha,
             "entropy": entropy,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "train_peft": train_peft,
         }
         return new_state, metrics

@@ -1,0 +1,316 @@
+"""End-to-end tests of the continual driver on a tiny ViT and scikit-learn's digits.
+
+Runs are tiny (depth 2, width 32, 16 px, a few steps per task) so the whole file stays within
+CI's budget; a run killed with SIGKILL and resumed must end with the same results as an
+uninterrupted one, and a run sharded over 8 CPU devices must match the 1-device run.
+"""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from aepg_jax import config_lib, main
+from aepg_jax.continual import checkpointing, loop
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(cache_dir, **overrides):
+    c = config_lib.base_config("vit_tiny")
+    c.model.update(
+        dict(patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, image_size=16)
+    )
+    c.model.peft.blocks = (0, 1)
+    c.model.peft.kind = "lora"
+    c.data.update(
+        dict(
+            source="digits",
+            num_tasks=3,
+            store_size=16,
+            cache_dir=str(cache_dir),
+            crop_scale=(0.5, 1.0),
+            flip_prob=0.0,
+        )
+    )
+    c.pretrain.cache_dir = str(cache_dir / "pretrained")
+    c.optim.update(dict(batch_size=32, epochs=4, peft_freeze_epochs=2, learning_rate=3e-3))
+    c.max_steps_per_task = 8
+    c.log_every_steps = 2
+    c.eval.batch_size = 64
+    for key, value in overrides.items():
+        target = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            target = target[p]
+        target[leaf] = value
+    return c
+
+
+def _read_jsonl(path):
+    return [json.loads(line) for line in open(path)]
+
+
+@pytest.mark.parametrize(
+    "method,loss,peft",
+    [("lae", "aepg", "lora"), ("lwf", "focal", "adapter"), ("plain", "ce", "prefix")],
+)
+def test_runs_end_to_end(tmp_path, method, loss, peft):
+    cfg = tiny_config(
+        tmp_path / "cache", **{"method.name": method, "loss.name": loss, "model.peft.kind": peft}
+    )
+    workdir = tmp_path / "run"
+    results = loop.run(cfg, str(workdir))
+
+    saved = json.load(open(workdir / "results.json"))
+    assert saved["A_T"] == pytest.approx(results["A_T"])
+    for key in (
+        "config",
+        "accuracy_matrix",
+        "A_T",
+        "avg_inc_acc",
+        "forgetting",
+        "acc_pooled",
+        "wall_time_s",
+        "methods",
+        "entropy",
+    ):
+        assert key in saved, key
+    matrix = np.array(saved["accuracy_matrix"], dtype=float)
+    assert matrix.shape == (3, 3)
+    assert np.all(np.isnan(matrix[np.tril_indices(3, -1)]))  # not evaluated before learned
+    assert np.all(np.isfinite(matrix[np.triu_indices(3)]))
+    assert matrix[0, 0] > 100 / 4 + 5  # above chance on task 0's 4 classes after 8 steps
+    expected = ["ensemble", "online", "offline"] if method == "lae" else ["model"]
+    assert saved["predictors"] == expected
+    for png in ("accuracy_matrix.png", "training_curves.png", "incremental_accuracy.png"):
+        assert (workdir / png).read_bytes()[:4] == b"\x89PNG"
+
+    records = _read_jsonl(workdir / "metrics.jsonl")
+    train = [r for r in records if r["type"] == "train"]
+    evals = [r for r in records if r["type"] == "eval"]
+    assert [e["task"] for e in evals] == [0, 1, 2]
+    assert {r["task"] for r in train} == {0, 1, 2}
+    assert all(np.isfinite(r["loss"]) and r["images_per_s"] > 0 for r in train)
+    # Tasks >= 1 start head-only (peft frozen for the first half of their steps).
+    assert next(r["train_peft"] for r in train if r["task"] == 1) is False
+    assert next(r["train_peft"] for r in train if r["task"] == 0) is True
+    if loss == "aepg":
+        alphas = [r["alpha"] for r in train if r["task"] == 1]
+        assert alphas == sorted(alphas, reverse=True) and alphas[0] > 0.9
+
+
+def test_pretrained_backbone_is_cached_and_reused(tmp_path):
+    cfg = tiny_config(
+        tmp_path / "cache",
+        **{
+            "model.init": "pretrained",
+            "pretrain.dataset": "digits",
+            "pretrain.epochs": 1,
+            "pretrain.batch_size": 64,
+            "data.num_tasks": 2,
+            "max_steps_per_task": 2,
+        },
+    )
+    loop.run(cfg, str(tmp_path / "a"))
+    files = [f for f in os.listdir(tmp_path / "cache" / "pretrained") if f.endswith(".npz")]
+    assert len(files) == 1
+    stamp = os.path.getmtime(tmp_path / "cache" / "pretrained" / files[0])
+    loop.run(cfg, str(tmp_path / "b"))
+    assert os.path.getmtime(tmp_path / "cache" / "pretrained" / files[0]) == stamp
+
+
+def test_rerun_of_a_finished_run_resumes_without_training(tmp_path):
+    cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 2, "max_steps_per_task": 2})
+    first = loop.run(cfg, str(tmp_path / "run"))
+    lines = len(_read_jsonl(tmp_path / "run" / "metrics.jsonl"))
+    again = loop.run(cfg, str(tmp_path / "run"))
+    assert again["accuracy_matrix"] == first["accuracy_matrix"]
+    assert len(_read_jsonl(tmp_path / "run" / "metrics.jsonl")) == lines  # nothing retrained
+
+
+def test_other_config_in_existing_workdir_is_refused(tmp_path):
+    cfg = tiny_config(tmp_path / "cache")
+    main.check_or_save_config(cfg, str(tmp_path / "run"))
+    main.check_or_save_config(cfg, str(tmp_path / "run"))  # same config: fine (resume)
+    other = tiny_config(tmp_path / "cache", **{"loss.name": "ce"})
+    with pytest.raises(ValueError, match=r"another config \(differs in: loss.name\)"):
+        main.check_or_save_config(other, str(tmp_path / "run"))
+
+
+def test_validation_errors_are_actionable(tmp_path):
+    cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 11})
+    with pytest.raises(ValueError, match=r"data.num_tasks=11 exceeds the dataset's 10 classes"):
+        loop.run(cfg, str(tmp_path / "run"))
+    cfg = tiny_config(tmp_path / "cache", **{"optim.batch_size": 1000})
+    with pytest.raises(ValueError, match=r"fewer than optim\.batch_size=1000"):
+        loop.run(cfg, str(tmp_path / "run2"))
+    cfg = tiny_config(tmp_path / "cache", **{"method.name": "ewc", "loss.name": "xent"})
+    with pytest.raises(ValueError, match=r"(?s)Unknown loss 'xent'.*method.name='ewc'"):
+        config_lib.validate(cfg)
+
+
+def test_non_finite_loss_stops_the_run_with_its_step(tmp_path):
+    cfg = tiny_config(
+        tmp_path / "cache",
+        **{
+            "optim.learning_rate": 1e30,
+            "data.num_tasks": 2,
+            "loss.name": "ce",
+            "log_every_steps": 1,
+        },
+    )
+    with pytest.raises(
+        FloatingPointError,
+        match=r"Non-finite loss in task \d at global step "
+        r"\d+\. Last good checkpoint",
+    ):
+        loop.run(cfg, str(tmp_path / "run"))
+
+
+def _corrupt_arrays(step_dir):
+    """Overwrites the array data files of a saved checkpoint (metadata left intact)."""
+    damaged = 0
+    for root, _, files in os.walk(step_dir / "state"):
+        for f in files:
+            if not f.endswith(".json") and "metadata" not in f:
+                with open(os.path.join(root, f), "wb") as fh:
+                    fh.write(b"garbage")
+                damaged += 1
+    assert damaged
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
+    ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
+    for step in (1, 2):
+        ckpt.save(
+            step, {"w": np.arange(3.0) * step}, None, {"task": 0, "phase": "in_task", "step": step}
+        )
+    ckpt.close()
+    _corrupt_arrays(tmp_path / "ckpt" / "2")
+    ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
+    with caplog.at_level(logging.WARNING):
+        state, _, meta = ckpt.restore_latest(lambda meta: ({"w": np.zeros(3)}, None))
+    assert meta["step"] == 1
+    np.testing.assert_array_equal(state["w"], np.arange(3.0))
+    assert "cannot be restored" in caplog.text
+    ckpt.close()
+
+
+def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
+    ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
+    ckpt.save(1, {"w": np.arange(3.0)}, None, {"task": 0, "phase": "in_task"})
+    ckpt.close()
+    _corrupt_arrays(tmp_path / "ckpt" / "1")
+    ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
+    with pytest.raises(RuntimeError, match=r"None of the checkpoints \[1\]"):
+        ckpt.restore_latest(lambda meta: ({"w": np.zeros(3)}, None))
+    ckpt.close()
+
+
+RUN_SCRIPT = textwrap.dedent("""
+    import json, sys, pathlib
+    sys.path.insert(0, {tests!r})
+    from test_driver import tiny_config
+    from aepg_jax.continual import loop
+    overrides = json.loads(sys.argv[3])
+    cfg = tiny_config(pathlib.Path(sys.argv[1]), **overrides)
+    loop.run(cfg, sys.argv[2])
+""")
+
+
+def _run_subprocess(cache, workdir, overrides, env=None, wait=True):
+    script = RUN_SCRIPT.format(tests=os.path.join(REPO, "tests"))
+    cmd = [sys.executable, "-c", script, str(cache), str(workdir), json.dumps(overrides)]
+    env = dict(os.environ, **(env or {}))
+    if wait:
+        return subprocess.run(
+            cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=True
+        )
+    return subprocess.Popen(
+        cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def test_sigkill_mid_task_then_resume_matches_an_uninterrupted_run(tmp_path):
+    overrides = {
+        "method.name": "lae",
+        "loss.name": "aepg",
+        "checkpoint_every_steps": 2,
+        "max_steps_per_task": 10,
+    }
+    cache = tmp_path / "cache"
+    _run_subprocess(cache, tmp_path / "straight", overrides)
+    reference = json.load(open(tmp_path / "straight" / "results.json"))
+
+    killed = tmp_path / "killed"
+    proc = _run_subprocess(cache, killed, overrides, wait=False)
+    deadline = time.time() + 300
+    # Kill once a mid-task checkpoint of task 1 exists (global steps 10..19 are task 1).
+    while time.time() < deadline and proc.poll() is None:
+        steps = (
+            [int(s) for s in os.listdir(killed / "checkpoints") if s.isdigit()]
+            if (killed / "checkpoints").exists()
+            else []
+        )
+        if any(12 <= s < 20 for s in steps):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "results.json").exists()
+
+    _run_subprocess(cache, killed, overrides)  # resume
+    resumed = json.load(open(killed / "results.json"))
+    assert resumed["accuracy_matrix"] == reference["accuracy_matrix"]
+    for p in reference["predictors"]:
+        assert resumed["methods"][p]["A_T"] == reference["methods"][p]["A_T"]
+    np.testing.assert_allclose(resumed["entropy"], reference["entropy"], rtol=1e-6)
+    steps = {
+        r["step"]: r["loss"] for r in _read_jsonl(killed / "metrics.jsonl") if r["type"] == "train"
+    }
+    ref_steps = {
+        r["step"]: r["loss"]
+        for r in _read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+        if r["type"] == "train"
+    }
+    assert steps.keys() == ref_steps.keys()
+    np.testing.assert_allclose(
+        [steps[k] for k in sorted(steps)], [ref_steps[k] for k in sorted(ref_steps)], rtol=1e-5
+    )
+
+
+def test_sharded_over_8_devices_matches_one_device(tmp_path):
+    overrides = {
+        "method.name": "lae",
+        "loss.name": "aepg",
+        "data.num_tasks": 2,
+        "max_steps_per_task": 6,
+    }
+    cache = tmp_path / "cache"
+    results = {}
+    for devices in (1, 8):
+        env = {
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+            "JAX_PLATFORMS": "cpu",
+        }
+        _run_subprocess(cache, tmp_path / f"d{devices}", overrides, env=env)
+        results[devices] = json.load(open(tmp_path / f"d{devices}" / "results.json"))
+    assert results[8]["accuracy_matrix"] == results[1]["accuracy_matrix"]
+    losses = {
+        d: [
+            r["loss"]
+            for r in _read_jsonl(tmp_path / f"d{d}" / "metrics.jsonl")
+            if r["type"] == "train"
+        ]
+        for d in (1, 8)
+    }
+    np.testing.assert_allclose(losses[8], losses[1], rtol=1e-4, atol=1e-5)
