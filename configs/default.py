@@ -15,7 +15,7 @@ def get_config():
     c.data.source = "digits"
     c.data.num_tasks = 5
     c.data.store_size = 28
-    c.data.crop_scale = (0.5, 1.0)  # 8x8 digits upsampled to 28 px: keep most of the digit
+    c.data.crop_scale = (0.8, 1.0)  # 8x8 digits upsampled to 28 px: keep most of the digit
     c.data.flip_prob = 0.0  # mirrored digits are other digits
     c.model.init = "pretrained"
     c.model.peft.kind = "lora"

@@ -314,3 +314,51 @@ def test_sharded_over_8_devices_matches_one_device(tmp_path):
         for d in (1, 8)
     }
     np.testing.assert_allclose(losses[8], losses[1], rtol=1e-4, atol=1e-5)
+
+
+def _config_file(filename, arg=None):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        filename[:-3], os.path.join(REPO, "configs", filename)
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg) if arg is not None else module.get_config()
+
+
+def test_default_config_runs_offline(tmp_path):
+    """configs/default.py as shipped, shortened: pretraining on digits, 2 steps per task."""
+    cfg = _config_file("default.py")
+    cfg.data.cache_dir = str(tmp_path / "cache")
+    cfg.pretrain.cache_dir = str(tmp_path / "cache" / "pretrained")
+    cfg.pretrain.dataset = "digits"  # Fashion-MNIST may be absent on a CI machine
+    cfg.pretrain.epochs = 1
+    cfg.max_steps_per_task = 2
+    results = loop.run(cfg, str(tmp_path / "run"))
+    assert len(results["accuracy_matrix"]) == 5 and results["predictors"][0] == "ensemble"
+
+
+@pytest.mark.parametrize(
+    "filename,arg",
+    [
+        ("imagenet_r.py", "tasks=5,peft=adapter,loss=ce,method=lwf"),
+        ("clrs25.py", "peft=prefix,loss=aepg,method=lae"),
+        ("food101.py", "peft=lora,loss=mix,alpha=0.2,method=plain"),
+    ],
+)
+def test_paper_config_runs_at_tiny_shape(tmp_path, filename, arg):
+    """A paper config's method/loss/PEFT/schedule settings, on offline digits and a tiny ViT."""
+    cfg = _config_file(filename, arg)
+    tiny = tiny_config(tmp_path / "cache")
+    kept = (cfg.method.to_dict(), cfg.loss.to_dict(), cfg.schedule.to_dict(), cfg.model.peft.kind)
+    cfg.data = tiny.data
+    cfg.data.num_tasks = 2
+    cfg.model = tiny.model
+    cfg.model.peft.kind = kept[3]
+    cfg.optim = tiny.optim
+    cfg.eval = tiny.eval
+    cfg.max_steps_per_task = 2
+    assert (cfg.method.to_dict(), cfg.loss.to_dict(), cfg.schedule.to_dict()) == kept[:3]
+    results = loop.run(cfg, str(tmp_path / "run"))
+    assert np.isfinite(results["A_T"])
