@@ -17,8 +17,9 @@ import time
 import numpy as np
 import pytest
 
-from aepg_jax import config_lib, main
+from aepg_jax import config_lib, main, pretrain
 from aepg_jax.continual import checkpointing, loop
+from aepg_jax.data import loader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,26 +106,6 @@ def test_runs_end_to_end(tmp_path, method, loss, peft):
     if loss == "aepg":
         alphas = [r["alpha"] for r in train if r["task"] == 1]
         assert alphas == sorted(alphas, reverse=True) and alphas[0] > 0.9
-
-
-def test_pretrained_backbone_is_cached_and_reused(tmp_path):
-    cfg = tiny_config(
-        tmp_path / "cache",
-        **{
-            "model.init": "pretrained",
-            "pretrain.dataset": "digits",
-            "pretrain.epochs": 1,
-            "pretrain.batch_size": 64,
-            "data.num_tasks": 2,
-            "max_steps_per_task": 2,
-        },
-    )
-    loop.run(cfg, str(tmp_path / "a"))
-    files = [f for f in os.listdir(tmp_path / "cache" / "pretrained") if f.endswith(".npz")]
-    assert len(files) == 1
-    stamp = os.path.getmtime(tmp_path / "cache" / "pretrained" / files[0])
-    loop.run(cfg, str(tmp_path / "b"))
-    assert os.path.getmtime(tmp_path / "cache" / "pretrained" / files[0]) == stamp
 
 
 def test_rerun_of_a_finished_run_resumes_without_training(tmp_path):
@@ -334,9 +315,17 @@ def test_default_config_runs_offline(tmp_path):
     cfg.pretrain.cache_dir = str(tmp_path / "cache" / "pretrained")
     cfg.pretrain.dataset = "digits"  # Fashion-MNIST may be absent on a CI machine
     cfg.pretrain.epochs = 1
+    cfg.data.num_tasks = 2
     cfg.max_steps_per_task = 2
     results = loop.run(cfg, str(tmp_path / "run"))
-    assert len(results["accuracy_matrix"]) == 5 and results["predictors"][0] == "ensemble"
+    assert len(results["accuracy_matrix"]) == 2 and results["predictors"][0] == "ensemble"
+    # The pretrained backbone is cached and reused, not trained again.
+    files = [f for f in os.listdir(cfg.pretrain.cache_dir) if f.endswith(".npz")]
+    assert len(files) == 1
+    path = os.path.join(cfg.pretrain.cache_dir, files[0])
+    stamp = os.path.getmtime(path)
+    assert pretrain.pretrain_backbone(cfg, loader.data_mesh()) == path
+    assert os.path.getmtime(path) == stamp
 
 
 @pytest.mark.parametrize(
