@@ -36,6 +36,8 @@ Fields (defaults in brackets):
   optim.batch_size [256]       global batch (a multiple of the device count)
   optim.epochs [50]            epochs per task
   optim.peft_freeze_epochs [30]  head-only epochs at the start of tasks >= 1
+  optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
+                               steps run as one jitted lax.scan (no host work between them)
   method.name [plain]          plain | lae | lwf
   method.ema_decay [0.999]     LAE offline-PEFT EMA decay
   method.lwf_temperature [1.0] / method.lwf_weight [1.0]
@@ -104,6 +106,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         batch_size=256,
         epochs=50,
         peft_freeze_epochs=30,
+        steps_per_call=1,
     )
     c.method = dict(name="plain", ema_decay=0.999, lwf_temperature=1.0, lwf_weight=1.0)
     c.eval = dict(batch_size=256)
@@ -198,6 +201,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
             f"{name}={batch} must be a positive multiple of the {num_devices} device(s).",
             p,
         )
+    _check(o.steps_per_call >= 1, f"optim.steps_per_call={o.steps_per_call} must be >= 1.", p)
     _check(m.name in METHODS, f"method.name={m.name!r}: use one of {METHODS}.", p)
     _check(0.0 <= m.ema_decay < 1.0, f"method.ema_decay={m.ema_decay} must be in [0, 1).", p)
     _check(m.lwf_temperature > 0, f"method.lwf_temperature={m.lwf_temperature} must be > 0.", p)

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 import tqdm
 
@@ -200,6 +201,8 @@ class _Run:
             rng=jax.random.fold_in(self.key, 7),
             first_bad_step=jnp.asarray(-1, jnp.int32),
         )
+        # Copies: the train step donates its state, which must never alias `initial_peft`.
+        state = jax.tree.map(lambda x: jnp.array(x, copy=True), state)
         return jax.device_put(state, self.replicated)
 
     def checkpoint_target(self, meta: dict) -> tuple[ts.TrainState, Params | None]:
@@ -287,10 +290,9 @@ class _Run:
     def train_task(
         self, t: int, state: ts.TrainState, lwf: Params | None, start_step: int
     ) -> ts.TrainState:
+        """Trains task `t` from `start_step`; logs, checkpoints and checks for NaN on the way."""
         cfg, task = self.cfg, self.data.tasks.tasks[t]
         plan = plan_task(cfg, task)
-        apply_fn = _apply_fn(cfg, self.head_sizes[: t + 1])
-        lwf_apply = _apply_fn(cfg, self.head_sizes[:t]) if (self.lwf and t >= 1) else None
         spec = ts.TaskSpec(
             offset=task.offset,
             num_classes=task.num_classes,
@@ -302,22 +304,21 @@ class _Run:
         schedule = schedules.get_schedule(
             cfg.schedule.name, plan.total_steps, **config_lib.schedule_kwargs(cfg)
         )
-        trainable_labels = partition.label_params(state.trainable)
-        step_fn = jax.jit(
-            ts.make_train_step(
-                apply_fn,
-                self.loss_fn,
-                self.annealed,
-                schedule,
-                _optimizer(cfg, state.trainable),
-                trainable_labels,
-                spec,
-                self.step_cfg,
-                lwf_apply,
-            ),
-            donate_argnums=(0,),
+        step_fn = ts.make_train_step(
+            _apply_fn(cfg, self.head_sizes[: t + 1]),
+            self.loss_fn,
+            self.annealed,
+            schedule,
+            _optimizer(cfg, state.trainable),
+            partition.label_params(state.trainable),
+            spec,
+            self.step_cfg,
+            _apply_fn(cfg, self.head_sizes[:t]) if (self.lwf and t >= 1) else None,
         )
         lwf_params = partition.merge(lwf, self.frozen) if lwf is not None else None
+        chunks = (self._scanned_chunks if cfg.optim.steps_per_call > 1 else self._step_chunks)(
+            step_fn, t, plan, state, lwf_params, start_step
+        )
         bar = tqdm.tqdm(
             total=plan.total_steps,
             initial=start_step,
@@ -327,10 +328,58 @@ class _Run:
             dynamic_ncols=True,
         )
         last_log, last_time = start_step, time.time()
-        step = start_step
-        epoch = start_step // plan.steps_per_epoch
+        every, log_every = cfg.checkpoint_every_steps, cfg.log_every_steps
+        for state, step, metrics_chunk in chunks:
+            k = jax.tree.leaves(metrics_chunk)[0].shape[0]
+            bar.update(k)
+            logged = [
+                s
+                for s in range(step - k + 1, step + 1)
+                if s % log_every == 0 or s == plan.total_steps
+            ]
+            if logged:
+                self.check_finite(state, t)
+                host = jax.device_get(metrics_chunk)  # one host sync per logged chunk
+                now = time.time()
+                ips = (step - last_log) * cfg.optim.batch_size / max(now - last_time, 1e-9)
+                last_log, last_time = step, now
+                global_end = int(state.global_step)
+                for s in logged:
+                    m = {key: value[s - (step - k + 1)] for key, value in host.items()}
+                    self.writer.write(
+                        "train",
+                        task=t,
+                        step=global_end - (step - s),
+                        task_step=s,
+                        epoch=(s - 1) // plan.steps_per_epoch,
+                        loss=float(m["loss"]),
+                        alpha=float(m["alpha"]),
+                        entropy=float(m["entropy"]),
+                        lr=cfg.optim.learning_rate,
+                        grad_norm=float(m["grad_norm"]),
+                        images_per_s=ips,
+                        train_peft=bool(m["train_peft"]),
+                    )
+                bar.set_postfix(loss=f"{float(m['loss']):.3f}", alpha=f"{float(m['alpha']):.3f}")
+            if every and step // every > (step - k) // every and step < plan.total_steps:
+                self.check_finite(state, t)
+                self.ckpt.save(
+                    int(state.global_step),
+                    state,
+                    lwf,
+                    self.meta(t, "in_task", step // plan.steps_per_epoch),
+                )
+        bar.close()
+        self.check_finite(state, t)
+        return state
+
+    def _step_chunks(self, step_fn, t, plan, state, lwf_params, step):
+        """One jitted step per batch from the host loader; yields (state, step, metrics[1])."""
+        cfg, task = self.cfg, self.data.tasks.tasks[t]
+        jit_step = jax.jit(step_fn, donate_argnums=(0,))
         while step < plan.total_steps:
-            batches = loader.iterate(
+            epoch = step // plan.steps_per_epoch
+            for batch in loader.iterate(
                 self.data.train.images,
                 self.data.tasks.train_labels,
                 task.train_indices,
@@ -340,52 +389,48 @@ class _Run:
                 seed=cfg.seed,
                 epoch=t * 100_000 + epoch,
                 start=step - epoch * plan.steps_per_epoch,
-            )
-            for batch in batches:
-                state, m = step_fn(state, self.frozen, lwf_params, batch)
+            ):
+                state, m = jit_step(state, self.frozen, lwf_params, batch)
                 step += 1
-                bar.update(1)
-                done = step == plan.total_steps
-                if step % cfg.log_every_steps == 0 or done:
-                    self.check_finite(state, t)
-                    m = jax.device_get(m)
-                    now = time.time()
-                    ips = (step - last_log) * cfg.optim.batch_size / max(now - last_time, 1e-9)
-                    last_log, last_time = step, now
-                    self.writer.write(
-                        {
-                            "type": "train",
-                            "task": t,
-                            "step": int(state.global_step),
-                            "task_step": step,
-                            "epoch": epoch,
-                            "loss": float(m["loss"]),
-                            "alpha": float(m["alpha"]),
-                            "entropy": float(m["entropy"]),
-                            "lr": cfg.optim.learning_rate,
-                            "grad_norm": float(m["grad_norm"]),
-                            "images_per_s": ips,
-                            "train_peft": bool(m["train_peft"]),
-                        }
-                    )
-                    bar.set_postfix(
-                        loss=f"{float(m['loss']):.3f}", alpha=f"{float(m['alpha']):.3f}"
-                    )
-                every = cfg.checkpoint_every_steps
-                if every and step % every == 0 and not done:
-                    self.check_finite(state, t)
-                    self.ckpt.save(
-                        int(state.global_step),
-                        state,
-                        lwf,
-                        self.meta(t, "in_task", step // plan.steps_per_epoch),
-                    )
-                if done:
-                    break
-            epoch += 1
-        bar.close()
-        self.check_finite(state, t)
-        return state
+                yield state, step, jax.tree.map(lambda x: x[None], m)
+                if step == plan.total_steps:
+                    return
+
+    def _scanned_chunks(self, step_fn, t, plan, state, lwf_params, step):
+        """`optim.steps_per_call` steps per call as one jitted `lax.scan`, the task's training
+        data resident on the device; batches in the loader's order. Yields (state, step,
+        metrics[k])."""
+        cfg, task = self.cfg, self.data.tasks.tasks[t]
+        batch_size, n = cfg.optim.batch_size, len(task.train_indices)
+        images = jax.device_put(self.data.train.images[task.train_indices], self.replicated)
+        labels = jax.device_put(
+            self.data.tasks.train_labels[task.train_indices].astype(np.int32), self.replicated
+        )
+        sharded = loader.batch_sharding(self.mesh)
+
+        def multi_step(state, frozen, lwf_params, images, labels, rows):
+            def body(st, r):
+                batch = jax.lax.with_sharding_constraint(
+                    {"image": images[r], "label": labels[r]}, sharded
+                )
+                return step_fn(st, frozen, lwf_params, batch)
+
+            return jax.lax.scan(body, state, rows)
+
+        jit_multi = jax.jit(multi_step, donate_argnums=(0,))
+        while step < plan.total_steps:
+            epoch = step // plan.steps_per_epoch
+            within = step - epoch * plan.steps_per_epoch
+            k = min(
+                cfg.optim.steps_per_call, plan.steps_per_epoch - within, plan.total_steps - step
+            )
+            order = loader.epoch_order(np.arange(n), cfg.seed, t * 100_000 + epoch)
+            rows = order[within * batch_size : (within + k) * batch_size].reshape(k, batch_size)
+            state, ms = jit_multi(
+                state, self.frozen, lwf_params, images, labels, jnp.asarray(rows, jnp.int32)
+            )
+            step += k
+            yield state, step, ms
 
     def finish_task(self, t: int, state: ts.TrainState) -> ts.TrainState:
         if self.lae and t == 0:
