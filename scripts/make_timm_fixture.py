@@ -31,7 +31,7 @@ initialised timm model loads it with timm's own augreg loader
 ``timm.models.vision_transformer._load_weights`` and must reproduce every parameter bit for bit
 and the logits to < 1e-6; otherwise the script fails.
 
-Regenerate (torch/timm live in a throwaway venv, never in the project's .venv)::
+Regenerate (torch/timm in a throwaway venv, or in the project's .venv like bench_step.py)::
 
     python3 -m venv /tmp/torchenv
     /tmp/torchenv/bin/pip install torch==2.13.0
@@ -41,20 +41,18 @@ Regenerate (torch/timm live in a throwaway venv, never in the project's .venv)::
 
 Generated with timm 1.0.31, torch 2.13.0+cpu, numpy 2.4.6 (CPU). timm is installed without its
 ``torchvision`` dependency (and so without Pillow); missing ones are replaced by inert stub
-modules before ``import timm`` (see ``_stub_missing_packages``). No network access, no weights.
+modules before ``import timm`` (see ``scripts/_timm_import.py``). No network access, no weights.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import sys
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import _timm_import
 import numpy as np
 
 if TYPE_CHECKING:
@@ -82,81 +80,16 @@ This script needs torch and timm, which are deliberately not part of the project
     /tmp/torchenv/bin/python scripts/make_timm_fixture.py"""
 
 
-# --- torchvision / Pillow stubs ----------------------------------------------------------------
-# `import timm` imports timm.data (transforms, datasets) and timm.layers, which import
-# torchvision (and Pillow, which normally comes with it) at module level. The ViT forward pass
-# and `_load_weights` use neither, and the PyPI torchvision does not load here, so a missing
-# package is replaced by stub modules: any submodule can be imported, any attribute is an inert,
-# subclassable placeholder class whose attributes are again distinct placeholders (timm builds
-# lookup tables keyed by e.g. InterpolationMode.BILINEAR at import time), and `__version__` is
-# "0.0.0" (timm parses Pillow's). Installed packages are never stubbed.
-
-
-def _placeholder(name: str) -> type:
-    return _PlaceholderMeta(name, (_Placeholder,), {})
-
-
-class _PlaceholderMeta(type):
-    def __getattr__(cls, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        attr = _placeholder(f"{cls.__name__}.{name}")
-        setattr(cls, name, attr)  # cached: the same attribute is the same object
-        return attr
-
-
-class _Placeholder(metaclass=_PlaceholderMeta):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves stub modules for every module under the given top-level package names."""
-
-    def __init__(self, roots: set[str]) -> None:
-        self.roots = roots
-
-    def find_spec(
-        self, fullname: str, path: Any = None, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname.partition(".")[0] not in self.roots:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
-        return None  # default module creation
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        placeholders: dict[str, type] = {}
-
-        def module_getattr(name: str) -> type:
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return placeholders.setdefault(name, _placeholder(name))
-
-        module.__version__ = "0.0.0"  # type: ignore[attr-defined]
-        module.__getattr__ = module_getattr  # type: ignore[method-assign]
-
-
-def _stub_missing_packages(names: tuple[str, ...] = ("torchvision", "PIL")) -> list[str]:
-    """Install stubs for those of `names` that are not importable; return the stubbed names."""
-    missing = [name for name in names if importlib.util.find_spec(name) is None]
-    if missing:
-        sys.meta_path.append(_StubFinder(set(missing)))
-    return missing
-
-
 def _import_torch_and_timm() -> tuple[types.ModuleType, types.ModuleType, list[str]]:
     """Import torch and timm, or exit with status 2 and install instructions if missing."""
-    missing = [name for name in ("torch", "timm") if importlib.util.find_spec(name) is None]
-    if missing:
-        print(INSTALL_HELP.format(missing=", ".join(missing)), file=sys.stderr)
+    try:
+        timm = _timm_import.import_timm()
+    except _timm_import.TorchMissingError as err:
+        print(INSTALL_HELP.format(missing=", ".join(err.missing)), file=sys.stderr)
         sys.exit(2)
-    stubbed = _stub_missing_packages()
-    import timm
     import torch
 
-    return torch, timm, stubbed
+    return torch, timm, _timm_import.stubbed_packages()
 
 
 # --- model -------------------------------------------------------------------------------------
