@@ -17,8 +17,8 @@ Fields (defaults in brackets):
   data.class_order_seed [None] None: identity class order; int: a permutation from this seed
   data.label_noise [0.0]       symmetric within-task label noise rate on training labels
   data.noise_seed [0]          seed of the label noise
-  data.normalize [minus_one_one]  minus_one_one ([-1, 1], augreg) | none ([0, 1], LAE's)
   data.crop_scale [(0.05, 1.0)] / data.crop_ratio [(0.75, 1.333...)] / data.flip_prob [0.5]
+  input.normalize [minus_one_one]  minus_one_one ([-1, 1], augreg) | none ([0, 1], LAE's)
   model.*                      see models/vit.py model_config (preset fields + peft.*)
   model.preset [vit_b16]       the preset the model fields came from (informational)
   model.init [random]          random | augreg (load model.checkpoint) | pretrained (pretrain.*)
@@ -78,11 +78,11 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         class_order_seed=config_dict.placeholder(int),
         label_noise=0.0,
         noise_seed=0,
-        normalize="minus_one_one",
         crop_scale=(0.05, 1.0),
         crop_ratio=(3 / 4, 4 / 3),
         flip_prob=0.5,
     )
+    c.input = dict(normalize="minus_one_one")
     c.model = vit.model_config(preset)
     c.model.preset = preset
     c.model.init = "random"
@@ -152,7 +152,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     _check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=<tfds name>.", p)
     _check(d.num_tasks >= 1, f"data.num_tasks={d.num_tasks} must be >= 1.", p)
     _check(0.0 <= d.label_noise < 1.0, f"data.label_noise={d.label_noise} must be in [0, 1).", p)
-    _check(d.normalize in NORMALIZE, f"data.normalize={d.normalize!r}: use {NORMALIZE}.", p)
+    _check(
+        cfg.input.normalize in NORMALIZE,
+        f"input.normalize={cfg.input.normalize!r}: use one of {NORMALIZE}.",
+        p,
+    )
     _check(
         d.store_size >= cfg.model.image_size,
         f"data.store_size={d.store_size} must be >= model.image_size={cfg.model.image_size}.",

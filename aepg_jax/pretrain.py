@@ -44,7 +44,7 @@ def backbone_path(cfg: ml_collections.ConfigDict) -> str:
         "model": {k: cfg.model[k] for k in _MODEL_FIELDS},
         "pretrain": {k: v for k, v in cfg.pretrain.items() if k != "cache_dir"},
         "seed": cfg.seed,
-        "normalize": cfg.data.normalize,
+        "normalize": cfg.input.normalize,
         "data_dir": cfg.data.data_dir if cfg.pretrain.dataset == cfg.data.source else None,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -74,7 +74,7 @@ def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
     params = vit.init_params(model_cfg, jax.random.fold_in(key, 1), (num_classes,))
     optimizer = optax.adam(p.learning_rate)
     opt_state = optimizer.init(params)
-    normalize = cfg.data.normalize
+    normalize = cfg.input.normalize
 
     @jax.jit
     def step(params, opt_state, batch, step_key):

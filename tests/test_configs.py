@@ -281,7 +281,7 @@ def test_training_settings_follow_spec_section_6_and_7(filename):
     assert (c.model.peft.kind, c.method.name, c.loss.name) == ("lora", "lae", "aepg")
     assert c.data.crop_scale == (0.05, 1.0)
     assert c.data.crop_ratio == pytest.approx((3 / 4, 4 / 3))
-    assert (c.data.flip_prob, c.data.normalize, c.data.store_size) == (0.5, "minus_one_one", 256)
+    assert (c.data.flip_prob, c.input.normalize, c.data.store_size) == (0.5, "minus_one_one", 256)
     assert c.data.label_noise == 0.0 and c.data.class_order_seed is None
 
 

@@ -100,7 +100,7 @@ def step_config(cfg: ml_collections.ConfigDict) -> ts.StepConfig:
         crop_scale=tuple(cfg.data.crop_scale),
         crop_ratio=tuple(cfg.data.crop_ratio),
         flip_prob=cfg.data.flip_prob,
-        normalize=cfg.data.normalize,
+        normalize=cfg.input.normalize,
         ema_decay=cfg.method.ema_decay,
         lwf_temperature=cfg.method.lwf_temperature,
         lwf_weight=cfg.method.lwf_weight,
