@@ -329,8 +329,7 @@ class _Run:
         )
         last_log, last_time = start_step, time.time()
         every, log_every = cfg.checkpoint_every_steps, cfg.log_every_steps
-        for state, step, metrics_chunk in chunks:
-            k = jax.tree.leaves(metrics_chunk)[0].shape[0]
+        for state, step, k, metrics_chunk in chunks:
             bar.update(k)
             logged = [
                 s
@@ -340,6 +339,7 @@ class _Run:
             if logged:
                 self.check_finite(state, t)
                 host = jax.device_get(metrics_chunk)  # one host sync per logged chunk
+                host = {key: np.reshape(value, (k,)) for key, value in host.items()}
                 now = time.time()
                 ips = (step - last_log) * cfg.optim.batch_size / max(now - last_time, 1e-9)
                 last_log, last_time = step, now
@@ -374,7 +374,7 @@ class _Run:
         return state
 
     def _step_chunks(self, step_fn, t, plan, state, lwf_params, step):
-        """One jitted step per batch from the host loader; yields (state, step, metrics[1])."""
+        """One jitted step per batch from the host loader; yields (state, step, 1, metrics)."""
         cfg, task = self.cfg, self.data.tasks.tasks[t]
         jit_step = jax.jit(step_fn, donate_argnums=(0,))
         while step < plan.total_steps:
@@ -392,13 +392,13 @@ class _Run:
             ):
                 state, m = jit_step(state, self.frozen, lwf_params, batch)
                 step += 1
-                yield state, step, jax.tree.map(lambda x: x[None], m)
+                yield state, step, 1, m
                 if step == plan.total_steps:
                     return
 
     def _scanned_chunks(self, step_fn, t, plan, state, lwf_params, step):
         """`optim.steps_per_call` steps per call as one jitted `lax.scan`, the task's training
-        data resident on the device; batches in the loader's order. Yields (state, step,
+        data resident on the device; batches in the loader's order. Yields (state, step, k,
         metrics[k])."""
         cfg, task = self.cfg, self.data.tasks.tasks[t]
         batch_size, n = cfg.optim.batch_size, len(task.train_indices)
@@ -430,7 +430,7 @@ class _Run:
                 state, self.frozen, lwf_params, images, labels, jnp.asarray(rows, jnp.int32)
             )
             step += k
-            yield state, step, ms
+            yield state, step, k, ms
 
     def finish_task(self, t: int, state: ts.TrainState) -> ts.TrainState:
         if self.lae and t == 0:
