@@ -20,6 +20,7 @@ Fields (defaults in brackets):
   data.crop_scale [(0.05, 1.0)] / data.crop_ratio [(0.75, 1.333...)] / data.flip_prob [0.5]
   input.normalize [minus_one_one]  minus_one_one ([-1, 1], augreg) | none ([0, 1], LAE's)
   model.*                      see models/vit.py model_config (preset fields + peft.*)
+  model.dtype [float32]        compute dtype, float32 | bfloat16 (params, loss, head: float32)
   model.preset [vit_b16]       the preset the model fields came from (informational)
   model.init [random]          random | augreg (load model.checkpoint) | pretrained (pretrain.*)
   model.checkpoint [None]      path of an augreg/original ViT .npz (model.init=augreg)
@@ -169,6 +170,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     _check(
         cfg.model.peft.kind in peft_lib.PEFT_KINDS,
         f"model.peft.kind={cfg.model.peft.kind!r}: use one of {peft_lib.PEFT_KINDS}.",
+        p,
+    )
+    _check(
+        cfg.model.dtype in vit.COMPUTE_DTYPES,
+        f"model.dtype={cfg.model.dtype!r}: use one of {tuple(vit.COMPUTE_DTYPES)}.",
         p,
     )
     _check(

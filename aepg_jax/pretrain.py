@@ -68,6 +68,7 @@ def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
 
     model_cfg = ml_collections.ConfigDict(cfg.model.to_dict())
     model_cfg.peft.kind = "none"
+    model_cfg.dtype = "float32"  # pretraining in float32, whatever the fine-tuning compute dtype
     num_classes = len(ds.class_names)
     model = vit.build(model_cfg, (num_classes,))
     key = jax.random.PRNGKey(cfg.seed)

@@ -381,3 +381,16 @@ def test_scanned_steps_match_the_per_step_loop(tmp_path):
         np.array(results[1]["accuracy_matrix"], float),
         atol=1.0,
     )  # at most ~1 test image
+
+
+def test_bfloat16_compute_runs_end_to_end(tmp_path):
+    cfg = tiny_config(
+        tmp_path / "cache",
+        **{"model.dtype": "bfloat16", "data.num_tasks": 2, "max_steps_per_task": 4},
+    )
+    results = loop.run(cfg, str(tmp_path / "run"))
+    assert np.isfinite(results["A_T"])
+    losses = [
+        r["loss"] for r in _read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["type"] == "train"
+    ]
+    assert losses and all(np.isfinite(losses))

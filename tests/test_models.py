@@ -296,3 +296,25 @@ class HeadTest(parameterized.TestCase):
         params = vit.init_params(_tiny(), jax.random.key(0))
         with pytest.raises(ValueError, match="at least one class"):
             head.grow(params, jax.random.key(1), 0)
+
+
+class BFloat16Test(parameterized.TestCase):
+    @parameterized.parameters(*KINDS)
+    def test_bfloat16_compute_keeps_float32_params_and_logits(self, kind):
+        cfg = _tiny(kind, dtype="bfloat16")
+        params = vit.init_params(cfg, jax.random.key(0), (4,))
+        self.assertTrue(all(x.dtype == jnp.float32 for x in jax.tree.leaves(params)))
+        logits, out = _apply(cfg, params, _images(cfg))
+        self.assertEqual(logits.dtype, jnp.float32)
+        self.assertEqual(out["features"].dtype, jnp.float32)
+        _, ref_out = _apply(_tiny(kind), params, _images(cfg))
+        np.testing.assert_allclose(out["features"], ref_out["features"], atol=0.1, rtol=0.05)
+        self.assertFalse(np.array_equal(out["features"], ref_out["features"]))  # really bf16
+        model = vit.build(cfg, (4,))
+        grads = jax.grad(lambda p: model.apply({"params": p}, _images(cfg))[0].sum())(params)
+        chex.assert_tree_all_finite(grads)
+        self.assertTrue(all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads)))
+
+    def test_unknown_dtype(self):
+        with pytest.raises(ValueError, match=r"model\.dtype='float16' is unknown"):
+            vit.build(_tiny(dtype="float16"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -91,7 +92,7 @@ class LoRA(nn.Module):
             a = self.param(f"{name}_A", a_init, (self.rank, width))
             b = self.param(f"{name}_B", nn.initializers.zeros, (width, self.rank))
             scale = self.param(f"{name}_scale", nn.initializers.ones, ())
-            return scale * ((x @ a.T.astype(x.dtype)) @ b.T.astype(x.dtype))
+            return (scale * ((x @ a.T.astype(x.dtype)) @ b.T.astype(x.dtype))).astype(x.dtype)
 
         return branch("key"), branch("value")
 
@@ -100,22 +101,28 @@ class Adapter(nn.Module):
     """Parallel bottleneck adapter `s Up(GELU(Down(y)))`, added to the attention output."""
 
     hidden_dim: int
+    dtype: Any = jnp.float32  # compute dtype; parameters stay float32
 
     @nn.compact
     def __call__(self, y: jax.Array) -> jax.Array:
         width = y.shape[-1]
         h = nn.Dense(
             self.hidden_dim,
+            dtype=self.dtype,
             kernel_init=_symmetric_uniform(1.0 / math.sqrt(width)),
             bias_init=nn.initializers.zeros,
             name="down",
         )(y)
         h = nn.gelu(h, approximate=False)
         h = nn.Dense(
-            width, kernel_init=nn.initializers.zeros, bias_init=nn.initializers.zeros, name="up"
+            width,
+            kernel_init=nn.initializers.zeros,
+            bias_init=nn.initializers.zeros,
+            dtype=self.dtype,
+            name="up",
         )(h)
         scale = self.param("scale", nn.initializers.ones, ())
-        return scale * h
+        return (scale * h).astype(self.dtype)
 
 
 class Prefix(nn.Module):

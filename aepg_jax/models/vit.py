@@ -50,13 +50,16 @@ def model_config(preset: str = "vit_b16", **overrides: Any) -> ml_collections.Co
     """The model config of a preset, with top-level fields (or `peft={...}`) overridden.
 
     Fields: patch_size, hidden_size, depth, num_heads, mlp_dim, image_size, num_channels (3),
-    and `peft` {kind (none|lora|adapter|prefix), blocks, lora_rank, adapter_dim,
+    dtype (compute dtype: float32 | bfloat16; parameters, head and logits stay float32), and
+    `peft` {kind (none|lora|adapter|prefix), blocks, lora_rank, adapter_dim,
     prefix_length}, defaults from the paper's Table 5 (blocks 0-4, cut at the depth).
     """
     if preset not in PRESETS:
         raise ValueError(f"Unknown model preset {preset!r}; valid: {', '.join(PRESETS)}.")
     peft = dataclasses.asdict(peft_lib.PeftConfig())
-    cfg = ml_collections.ConfigDict({**PRESETS[preset], "num_channels": 3, "peft": peft})
+    cfg = ml_collections.ConfigDict(
+        {**PRESETS[preset], "num_channels": 3, "dtype": "float32", "peft": peft}
+    )
     for key, value in overrides.items():
         if key not in cfg:
             raise KeyError(f"Unknown model config field {key!r}; valid: {', '.join(cfg)}.")
@@ -77,12 +80,14 @@ class MlpBlock(nn.Module):
     """`Dense(mlp_dim) -> GELU -> Dense(D)`."""
 
     mlp_dim: int
+    dtype: Any = jnp.float32  # compute dtype; parameters stay float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         width = x.shape[-1]
         dense = lambda features: nn.Dense(
             features,
+            dtype=self.dtype,
             kernel_init=nn.initializers.xavier_uniform(),
             bias_init=nn.initializers.normal(stddev=1e-6),
         )
@@ -100,6 +105,7 @@ class MultiHeadDotProductAttention(nn.Module):
     num_heads: int
     lora_rank: int | None = None
     prefix_length: int | None = None
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -108,7 +114,10 @@ class MultiHeadDotProductAttention(nn.Module):
             raise ValueError(f"hidden_size {width} is not divisible by num_heads {self.num_heads}.")
         head_dim = width // self.num_heads
         proj = lambda name: nn.DenseGeneral(
-            (self.num_heads, head_dim), kernel_init=nn.initializers.xavier_uniform(), name=name
+            (self.num_heads, head_dim),
+            dtype=self.dtype,
+            kernel_init=nn.initializers.xavier_uniform(),
+            name=name,
         )
         q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
         if self.lora_rank:
@@ -127,7 +136,11 @@ class MultiHeadDotProductAttention(nn.Module):
             weights = peft_lib.compensate_prefix(weights, self.prefix_length)
         attended = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
         return nn.DenseGeneral(
-            width, axis=(-2, -1), kernel_init=nn.initializers.xavier_uniform(), name="out"
+            width,
+            axis=(-2, -1),
+            dtype=self.dtype,
+            kernel_init=nn.initializers.xavier_uniform(),
+            name="out",
         )(attended)
 
 
@@ -138,20 +151,23 @@ class Encoder1DBlock(nn.Module):
     mlp_dim: int
     block_index: int
     peft: peft_lib.PeftConfig
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         on = lambda kind: self.peft.on_block(kind, self.block_index)
-        y = nn.LayerNorm(epsilon=LN_EPS)(x)
+        y = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype)(x)
         attn = MultiHeadDotProductAttention(
             self.num_heads,
             lora_rank=self.peft.lora_rank if on("lora") else None,
             prefix_length=self.peft.prefix_length if on("prefix") else None,
+            dtype=self.dtype,
         )(y)
         if on("adapter"):
-            attn = attn + peft_lib.Adapter(self.peft.adapter_dim, name="adapter")(y)
+            attn = attn + peft_lib.Adapter(self.peft.adapter_dim, self.dtype, name="adapter")(y)
         x = x + attn
-        return x + MlpBlock(self.mlp_dim)(nn.LayerNorm(epsilon=LN_EPS)(x))
+        y = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype)(x)
+        return x + MlpBlock(self.mlp_dim, self.dtype)(y)
 
 
 class Encoder(nn.Module):
@@ -161,15 +177,16 @@ class Encoder(nn.Module):
     num_heads: int
     mlp_dim: int
     peft: peft_lib.PeftConfig
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         x = AddPositionEmbs(name="posembed_input")(x)
         for i in range(self.depth):
             x = Encoder1DBlock(
-                self.num_heads, self.mlp_dim, i, self.peft, name=f"encoderblock_{i}"
+                self.num_heads, self.mlp_dim, i, self.peft, self.dtype, name=f"encoderblock_{i}"
             )(x)
-        return nn.LayerNorm(epsilon=LN_EPS, name="encoder_norm")(x)
+        return nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, name="encoder_norm")(x)
 
 
 class AddPositionEmbs(nn.Module):
@@ -191,6 +208,7 @@ class VisionTransformer(nn.Module):
     mlp_dim: int = 3072
     head_sizes: tuple[int, ...] = ()
     peft: peft_lib.PeftConfig = peft_lib.PeftConfig()
+    dtype: Any = jnp.float32  # compute dtype (bfloat16 option); params, head, logits: float32
 
     @nn.compact
     def __call__(
@@ -203,14 +221,22 @@ class VisionTransformer(nn.Module):
                 f"use indices in [0, {self.depth})."
             )
         p = self.patch_size
-        x = nn.Conv(self.hidden_size, (p, p), strides=(p, p), padding="VALID", name="embedding")(
-            images
-        )
+        x = nn.Conv(
+            self.hidden_size,
+            (p, p),
+            strides=(p, p),
+            padding="VALID",
+            dtype=self.dtype,
+            name="embedding",
+        )(images)
         batch, gh, gw, width = x.shape
         x = x.reshape(batch, gh * gw, width)
         cls = self.param("cls", nn.initializers.zeros, (1, 1, width))
         x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, width)), x], 1)
-        x = Encoder(self.depth, self.num_heads, self.mlp_dim, self.peft, name="Transformer")(x)
+        x = Encoder(
+            self.depth, self.num_heads, self.mlp_dim, self.peft, self.dtype, name="Transformer"
+        )(x)
+        x = x.astype(jnp.float32)
         features = x[:, 0]
         logits = head_lib.TaskHeads(self.head_sizes, name="head")(features)
         out = {"features": features}
@@ -228,6 +254,16 @@ def peft_from_config(cfg: ml_collections.ConfigDict) -> peft_lib.PeftConfig:
         adapter_dim=int(cfg.adapter_dim),
         prefix_length=int(cfg.prefix_length),
     )
+
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def compute_dtype(name: str) -> Any:
+    """The jnp dtype of `model.dtype` (float32 | bfloat16)."""
+    if name not in COMPUTE_DTYPES:
+        raise ValueError(f"model.dtype={name!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}.")
+    return COMPUTE_DTYPES[name]
 
 
 def build(cfg: ml_collections.ConfigDict, head_sizes: tuple[int, ...] = ()) -> VisionTransformer:
@@ -248,6 +284,7 @@ def build(cfg: ml_collections.ConfigDict, head_sizes: tuple[int, ...] = ()) -> V
         mlp_dim=cfg.mlp_dim,
         head_sizes=tuple(int(n) for n in head_sizes),
         peft=peft_from_config(cfg.peft),
+        dtype=compute_dtype(cfg.get("dtype", "float32")),
     )
 
 
