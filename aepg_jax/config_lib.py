@@ -26,6 +26,7 @@ Fields (defaults in brackets):
   model.checkpoint [None]      path of an augreg/original ViT .npz (model.init=augreg)
   pretrain.dataset [fashion_mnist]  source pretraining a small backbone when model.init=pretrained
   pretrain.epochs [2] / pretrain.batch_size [128] / pretrain.learning_rate [1e-3]
+  pretrain.data_dir [None]     the pretraining source's data_dir (e.g. a Fashion-MNIST IDX dir)
   pretrain.cache_dir [~/.cache/aepg_jax/pretrained]  trained backbones, reused across runs
   loss.name [aepg]             ce | epg | aepg | mix | focal | label_smoothing |
                                confidence_penalty | entropy_penalty (losses.py)
@@ -90,6 +91,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
     c.model.checkpoint = config_dict.placeholder(str)
     c.pretrain = dict(
         dataset="fashion_mnist",
+        data_dir=config_dict.placeholder(str),
         epochs=2,
         batch_size=128,
         learning_rate=1e-3,

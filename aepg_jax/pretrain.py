@@ -45,7 +45,6 @@ def backbone_path(cfg: ml_collections.ConfigDict) -> str:
         "pretrain": {k: v for k, v in cfg.pretrain.items() if k != "cache_dir"},
         "seed": cfg.seed,
         "normalize": cfg.input.normalize,
-        "data_dir": cfg.data.data_dir if cfg.pretrain.dataset == cfg.data.source else None,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     name = f"{cfg.pretrain.dataset}-{cfg.model.hidden_size}x{cfg.model.depth}-{digest}.npz"
@@ -60,7 +59,7 @@ def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
         return path
     start = time.time()
     p = cfg.pretrain
-    ds = datasets.load_dataset(p.dataset, split_seed=cfg.data.split_seed)
+    ds = datasets.load_dataset(p.dataset, data_dir=p.data_dir, split_seed=cfg.data.split_seed)
     size = cfg.model.image_size
     root = os.path.expanduser(cfg.data.cache_dir)
     train = cache.load_or_build(ds.train, root, ds.name, "train", size)

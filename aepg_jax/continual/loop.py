@@ -297,7 +297,6 @@ class _Run:
             offset=task.offset,
             num_classes=task.num_classes,
             freeze_steps=plan.freeze_steps,
-            total_steps=plan.total_steps,
             lae_ema=self.lae and t >= 1,
             lwf=self.lwf and t >= 1,
         )

@@ -33,10 +33,6 @@ def _to_json_matrix(m: np.ndarray, scale: float = 1.0) -> list[list[float | None
     return [[_finite_or_none(v, scale) for v in row] for row in m]
 
 
-def _from_json_matrix(rows: Sequence[Sequence[float | None]]) -> np.ndarray:
-    return np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=np.float64)
-
-
 class AccuracyTracker:
     """Accuracy matrices of one or more predictors, plus counts and per-evaluation entropies.
 

@@ -55,7 +55,6 @@ class TaskSpec:
     offset: int  # first class of the task (in the relabelled order)
     num_classes: int  # classes of the task
     freeze_steps: int  # head-only steps at the start of the task
-    total_steps: int  # T of the alpha schedule
     lae_ema: bool  # update the offline PEFT after every step (LAE, task >= 1)
     lwf: bool  # add the distillation term (LwF, task >= 1)
 

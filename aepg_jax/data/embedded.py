@@ -93,7 +93,8 @@ def load_fashion_mnist(directory: str | None = None) -> Dataset:
         raise FileNotFoundError(
             f"Fashion-MNIST files {', '.join(missing)} are not in {directory!r}. Install them "
             "with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu), point "
-            "`data.fashion_mnist_dir` at a directory holding the four *-ubyte.gz files, or use "
+            "`data.data_dir` (or `pretrain.data_dir` for pretraining) at a directory holding "
+            "the four *-ubyte.gz files, or use "
             "`data.source=tfds` with `data.name=fashion_mnist`."
         )
     splits = {}
