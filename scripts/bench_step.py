@@ -215,7 +215,6 @@ def make_jax_runner(
         offset=0,
         num_classes=num_classes,
         freeze_steps=0,
-        total_steps=TOTAL_STEPS,
         lae_ema=False,
         lwf=False,
     )
