@@ -5,7 +5,11 @@ the result, applies `--config.a.b=value` overrides and calls `validate` before a
 
 Fields (defaults in brackets):
 
-  seed [0]                     every random choice (init, data order, augmentation) derives from it
+  seed [0]                     every random choice of the run (PEFT and head init, data order,
+                               augmentation; a random backbone) derives from it
+  num_seeds [1]                S > 1: train seeds seed, seed+1, ..., seed+S-1 as one compiled
+                               program (jax.vmap over per-seed state and data order); results
+                               per seed in <workdir>/seed_<s>/, mean +- std in results_seeds.json
   data.source [digits]         digits | fashion_mnist | folder | tfds (see data/datasets.py)
   data.name [None]             TFDS name, or a label for a folder dataset's cache
   data.data_dir [None]         TFDS data dir, image-folder root, or Fashion-MNIST IDX dir
@@ -27,6 +31,8 @@ Fields (defaults in brackets):
   pretrain.dataset [fashion_mnist]  source pretraining a small backbone when model.init=pretrained
   pretrain.epochs [2] / pretrain.batch_size [128] / pretrain.learning_rate [1e-3]
   pretrain.data_dir [None]     the pretraining source's data_dir (e.g. a Fashion-MNIST IDX dir)
+  pretrain.seed [0]            seed of the pretraining run: the backbone is shared by every run
+                               seed, as a published checkpoint is
   pretrain.cache_dir [~/.cache/aepg_jax/pretrained]  trained backbones, reused across runs
   loss.name [aepg]             ce | epg | aepg | mix | focal | label_smoothing |
                                confidence_penalty | entropy_penalty (losses.py)
@@ -68,6 +74,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
     """All fields with their SPEC defaults (see the module docstring)."""
     c = ml_collections.ConfigDict()
     c.seed = 0
+    c.num_seeds = 1
     c.data = dict(
         source="digits",
         name=config_dict.placeholder(str),
@@ -95,6 +102,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         epochs=2,
         batch_size=128,
         learning_rate=1e-3,
+        seed=0,
         cache_dir="~/.cache/aepg_jax/pretrained",
     )
     c.loss = dict(
@@ -153,6 +161,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         p,
     )
     _check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=<tfds name>.", p)
+    _check(cfg.num_seeds >= 1, f"num_seeds={cfg.num_seeds} must be >= 1.", p)
     _check(d.num_tasks >= 1, f"data.num_tasks={d.num_tasks} must be >= 1.", p)
     _check(0.0 <= d.label_noise < 1.0, f"data.label_noise={d.label_noise} must be in [0, 1).", p)
     _check(

@@ -3,9 +3,10 @@
 The embedded default has no downloadable weights, so it makes its own: the model (without
 PEFT) plus one linear head is trained with cross-entropy and Adam for `pretrain.epochs`
 epochs, and the backbone is written as an `.npz` with Linen names under `pretrain.cache_dir`,
-named by a hash of everything that shapes it (model fields, pretraining settings, seed,
-normalisation). Later runs with the same settings reuse the file (`augreg.load_backbone` reads
-it). The write is atomic: a killed pretraining leaves no file that would be trusted.
+named by a hash of everything that shapes it (model fields, pretraining settings including
+`pretrain.seed`, normalisation). Later runs with the same settings reuse the file
+(`augreg.load_backbone` reads it). The write is atomic: a killed pretraining leaves no file
+that would be trusted.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ def backbone_path(cfg: ml_collections.ConfigDict) -> str:
     key = {
         "model": {k: cfg.model[k] for k in _MODEL_FIELDS},
         "pretrain": {k: v for k, v in cfg.pretrain.items() if k != "cache_dir"},
-        "seed": cfg.seed,
         "normalize": cfg.input.normalize,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -70,7 +70,7 @@ def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
     model_cfg.dtype = "float32"  # pretraining in float32, whatever the fine-tuning compute dtype
     num_classes = len(ds.class_names)
     model = vit.build(model_cfg, (num_classes,))
-    key = jax.random.PRNGKey(cfg.seed)
+    key = jax.random.PRNGKey(cfg.pretrain.seed)
     params = vit.init_params(model_cfg, jax.random.fold_in(key, 1), (num_classes,))
     optimizer = optax.adam(p.learning_rate)
     opt_state = optimizer.init(params)
@@ -114,7 +114,7 @@ def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
                 batch_size,
                 mesh,
                 train=True,
-                seed=cfg.seed,
+                seed=p.seed,
                 epoch=epoch,
             )
         ):

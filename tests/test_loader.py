@@ -140,3 +140,29 @@ def test_start_skips_batches_of_the_same_epoch():
 
     assert rows(4) == rows(0)[4:]
     assert rows(100) == []
+
+
+def test_a_seed_list_stacks_each_seeds_own_batches():
+    images, labels = _data()
+    mesh = loader.data_mesh()
+    seeds = [3, 9, 4]
+
+    def run(seed, start=0):
+        return list(
+            loader.iterate(
+                images, labels, np.arange(N), 8, mesh, train=True, seed=seed, epoch=1, start=start
+            )
+        )
+
+    stacked = run(seeds, start=1)
+    singles = [run(s, start=1) for s in seeds]
+    assert len(stacked) == len(singles[0]) == N // 8 - 1
+    for b, batch in enumerate(stacked):
+        assert batch["image"].shape == (3, 8, 4, 4, 3) and batch["label"].shape == (3, 8)
+        assert batch["image"].sharding.spec == loader.seeds_batch_sharding(mesh).spec
+        for i in range(len(seeds)):
+            for key in ("image", "label", "mask"):
+                np.testing.assert_array_equal(batch[key][i], singles[i][b][key])
+    assert not np.array_equal(stacked[0]["label"][0], stacked[0]["label"][1])
+    with pytest.raises(ValueError, match="Evaluation batches take no seeds"):
+        next(loader.iterate(images, labels, np.arange(N), 8, mesh, train=False, seed=[1, 2]))

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -148,8 +149,27 @@ def plan_task(cfg: ml_collections.ConfigDict, task: splits.Task) -> TaskPlan:
     return TaskPlan(per_epoch, total, freeze)
 
 
+def _stack(trees: list[Any]) -> Any:
+    """Stacks equally shaped trees on a new leading (seed) axis."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _seed_config(cfg: ml_collections.ConfigDict, seed: int) -> dict:
+    """The config of seed `seed` of a multi-seed run, as a single run of that seed has it."""
+    d = cfg.to_dict()
+    d["seed"], d["num_seeds"] = int(seed), 1
+    return d
+
+
 class _Run:
-    """The mutable bookkeeping of one `run` call (kept out of the jitted functions)."""
+    """The mutable bookkeeping of one `run` call (kept out of the jitted functions).
+
+    With `num_seeds = S > 1` every per-seed tree (train state, PEFT, heads, LwF copy) carries a
+    leading seed axis and the jitted step and evaluation are `jax.vmap`-ed over it; the frozen
+    backbone is shared unless it is itself seed-dependent (`model.init=random`). Host-side
+    bookkeeping (trackers, metric writers) is one per seed. With S = 1 nothing is stacked or
+    vmapped: the trees and functions are exactly those of a single run.
+    """
 
     def __init__(self, cfg: ml_collections.ConfigDict, workdir: str):
         self.cfg, self.workdir = cfg, workdir
@@ -157,18 +177,34 @@ class _Run:
         config_lib.validate(cfg, self.mesh.devices.size)
         self.is_main = jax.process_index() == 0
         self.data = prepare_data(cfg)
-        self.key = jax.random.PRNGKey(cfg.seed)
-        params = initial_params(cfg, self.key, self.mesh)
-        labels = partition.label_params(params)
+        self.seeds = tuple(cfg.seed + i for i in range(cfg.num_seeds))
+        self.vmapped = len(self.seeds) > 1
+        self.keys = [jax.random.PRNGKey(s) for s in self.seeds]
         self.replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        peft, frozen = partition.split(params, labels, partition.TRAINABLE)
-        self.frozen = jax.device_put(frozen, self.replicated)
-        self.initial_peft = peft
-        self.fingerprint = checkpointing.backbone_fingerprint(frozen)
+        self.initial_peft, frozen = [], []
+        for key in self.keys:
+            params = initial_params(cfg, key, self.mesh)
+            peft, backbone = partition.split(
+                params, partition.label_params(params), partition.TRAINABLE
+            )
+            self.initial_peft.append(peft)
+            frozen.append(backbone)
+        # A pretrained or loaded backbone is the same for every seed; a random one is not.
+        self.frozen_axis = 0 if self.vmapped and cfg.model.init == "random" else None
+        self.frozen = jax.device_put(
+            _stack(frozen) if self.frozen_axis == 0 else frozen[0], self.replicated
+        )
+        del frozen
+        self.fingerprint = checkpointing.backbone_fingerprint(self.frozen)
         self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-        self.writer = report.MetricsWriter(workdir, enabled=self.is_main)
+        self.seed_dirs = (
+            [os.path.join(workdir, f"seed_{s}") for s in self.seeds] if self.vmapped else [workdir]
+        )
+        self.writers = [report.MetricsWriter(d, enabled=self.is_main) for d in self.seed_dirs]
         self.predictors = predictors(cfg)
-        self.tracker = metrics.AccuracyTracker(cfg.data.num_tasks, self.predictors)
+        self.trackers = [
+            metrics.AccuracyTracker(cfg.data.num_tasks, self.predictors) for _ in self.seeds
+        ]
         self.head_sizes = self.data.tasks.head_sizes
         self.lae = cfg.method.name == "lae"
         self.lwf = cfg.method.name == "lwf"
@@ -177,32 +213,72 @@ class _Run:
         self.annealed = losses.is_annealed(cfg.loss.name)
         self.elapsed_before = 0.0
 
+    # -- the seed axis -------------------------------------------------------------------------
+
+    def stack(self, trees: list[Any]) -> Any:
+        """One tree per seed -> the run's tree (stacked when vmapped, else the only one)."""
+        return _stack(trees) if self.vmapped else trees[0]
+
+    def unstack(self, tree: Any) -> list[Any]:
+        """The run's tree -> one tree per seed."""
+        if not self.vmapped:
+            return [tree]
+        return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(len(self.seeds))]
+
+    def lift(self, fn: Callable, in_axes: tuple) -> Callable:
+        """`fn` of one seed -> `fn` of the run (vmapped over the seed axis when S > 1)."""
+        return jax.vmap(fn, in_axes=in_axes) if self.vmapped else fn
+
+    def per_seed(self, x: Any) -> np.ndarray:
+        """A host copy of a per-seed scalar (or per-seed vector `(S, k)`): shape (S, ...)."""
+        x = np.asarray(jax.device_get(x))
+        return x.reshape(len(self.seeds), *x.shape[int(self.vmapped) :])
+
+    def first(self, x: Any) -> int:
+        """A counter that is the same for every seed (global or task step)."""
+        return int(self.per_seed(x).reshape(-1)[0])
+
     # -- state construction ------------------------------------------------------------------
+
+    def grow_heads(self, trainable: Params, task: int) -> Params:
+        """Adds task `task`'s head (initialised from each seed's key) to every seed's tree."""
+        return self.stack(
+            [
+                head.grow(
+                    tree,
+                    jax.random.fold_in(key, 1000 + task),
+                    self.head_sizes[task],
+                    self.cfg.model.hidden_size,
+                )
+                for tree, key in zip(self.unstack(trainable), self.keys, strict=True)
+            ]
+        )
 
     def trainable_for(self, task: int) -> Params:
         """Initial PEFT plus freshly grown heads of tasks 0..task (deterministic per seed)."""
-        trainable = self.initial_peft
+        trainable = self.stack(self.initial_peft)
         for t in range(task + 1):
-            trainable = head.grow(
-                trainable,
-                jax.random.fold_in(self.key, 1000 + t),
-                self.head_sizes[t],
-                self.cfg.model.hidden_size,
-            )
+            trainable = self.grow_heads(trainable, t)
         return trainable
 
     def fresh_state(self, trainable: Params, offline: Params, global_step: int) -> ts.TrainState:
-        state = ts.TrainState(
-            trainable=trainable,
-            opt_state=_optimizer(self.cfg, trainable).init(trainable),
-            offline_peft=offline,
-            task_step=jnp.zeros([], jnp.int32),
-            global_step=jnp.asarray(global_step, jnp.int32),
-            rng=jax.random.fold_in(self.key, 7),
-            first_bad_step=jnp.asarray(-1, jnp.int32),
-        )
+        optimizer = _optimizer(self.cfg, self.unstack(trainable)[0])
+        states = [
+            ts.TrainState(
+                trainable=tr,
+                opt_state=optimizer.init(tr),
+                offline_peft=off,
+                task_step=jnp.zeros([], jnp.int32),
+                global_step=jnp.asarray(global_step, jnp.int32),
+                rng=jax.random.fold_in(key, 7),
+                first_bad_step=jnp.asarray(-1, jnp.int32),
+            )
+            for tr, off, key in zip(
+                self.unstack(trainable), self.unstack(offline), self.keys, strict=True
+            )
+        ]
         # Copies: the train step donates its state, which must never alias `initial_peft`.
-        state = jax.tree.map(lambda x: jnp.array(x, copy=True), state)
+        state = jax.tree.map(lambda x: jnp.array(x, copy=True), self.stack(states))
         return jax.device_put(state, self.replicated)
 
     def checkpoint_target(self, meta: dict) -> tuple[ts.TrainState, Params | None]:
@@ -224,7 +300,8 @@ class _Run:
             "task": task,
             "phase": phase,
             "epoch": epoch,
-            "tracker": self.tracker.to_dict(),
+            "seeds": list(self.seeds),
+            "trackers": [t.to_dict() for t in self.trackers],
             "head_sizes": list(self.head_sizes[: task + 1]),
             "backbone_sha256": self.fingerprint,
             "elapsed_s": self.elapsed_before + time.time() - self.started,
@@ -233,35 +310,45 @@ class _Run:
     # -- checks --------------------------------------------------------------------------------
 
     def check_finite(self, state: ts.TrainState, task: int) -> None:
-        bad = int(state.first_bad_step)
-        if bad >= 0:
+        bad = self.per_seed(state.first_bad_step)
+        if (bad >= 0).any():
             steps = self.ckpt.steps()
             last = (
                 f"checkpoint {steps[-1]} in {self.ckpt.directory}"
                 if steps
                 else "none (no checkpoint yet)"
             )
+            i = int(np.argmax(bad >= 0))
+            which = f" (seed {self.seeds[i]})" if self.vmapped else ""
             raise FloatingPointError(
-                f"Non-finite loss in task {task} at global step {bad}. Last good checkpoint: "
-                f"{last}. Lower optim.learning_rate or check the data and loss settings."
+                f"Non-finite loss in task {task} at global step {int(bad[i])}{which}. Last good "
+                f"checkpoint: {last}. Lower optim.learning_rate or check the data and loss "
+                "settings."
             )
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    def evaluate(self, task: int, state: ts.TrainState) -> dict:
-        """Accuracy of every predictor on every seen task; records it in the tracker."""
+    def evaluate(self, task: int, state: ts.TrainState) -> list[dict]:
+        """Accuracy of every predictor on every seen task, per seed; records it in the trackers."""
         apply_fn = _apply_fn(self.cfg, self.head_sizes[: task + 1])
         num_seen = self.data.tasks.tasks[task].stop
-        eval_fn = jax.jit(ts.make_eval_step(apply_fn, num_seen, self.lae, self.step_cfg))
-        online = partition.merge(state.trainable, self.frozen)
-        offline = None
-        if self.lae:
-            heads, _ = partition.split(
-                state.trainable, partition.label_params(state.trainable), (partition.HEAD,)
-            )
-            offline = partition.merge(state.offline_peft, heads, self.frozen)
-        entropy_sum, count_all = 0.0, 0
-        per_task = {}
+        eval_step = ts.make_eval_step(apply_fn, num_seen, self.lae, self.step_cfg)
+        lae = self.lae
+
+        def eval_seed(trainable, offline_peft, frozen, batch):
+            online = partition.merge(trainable, frozen)
+            offline = None
+            if lae:
+                heads, _ = partition.split(
+                    trainable, partition.label_params(trainable), (partition.HEAD,)
+                )
+                offline = partition.merge(offline_peft, heads, frozen)
+            return eval_step(online, offline, batch)
+
+        eval_fn = jax.jit(self.lift(eval_seed, (0, 0, self.frozen_axis, None)))
+        num_seeds = len(self.seeds)
+        entropy_sum, count_all = np.zeros(num_seeds), 0
+        per_task: list[dict] = [{} for _ in self.seeds]
         for i in range(task + 1):
             sums = None
             for batch in loader.iterate(
@@ -272,18 +359,24 @@ class _Run:
                 self.mesh,
                 train=False,
             ):
-                out = eval_fn(online, offline, batch)
+                out = eval_fn(state.trainable, state.offline_peft, self.frozen, batch)
                 sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-            sums = jax.device_get(sums)
-            count = int(sums["count"])
-            for p in self.predictors:
-                self.tracker.record(task, p, i, int(sums[p]), count)
-            per_task[i] = {p: 100.0 * int(sums[p]) / max(count, 1) for p in self.predictors}
-            entropy_sum += float(sums["entropy_sum"])
+            sums = {k: self.per_seed(v) for k, v in sums.items()}
+            count = int(sums["count"][0])
+            for s, tracker in enumerate(self.trackers):
+                for p in self.predictors:
+                    tracker.record(task, p, i, int(sums[p][s]), count)
+                per_task[s][i] = {
+                    p: 100.0 * int(sums[p][s]) / max(count, 1) for p in self.predictors
+                }
+            entropy_sum += sums["entropy_sum"]
             count_all += count
-        entropy = entropy_sum / max(count_all, 1)
-        self.tracker.record_entropy(task, entropy)
-        return {"per_task": per_task, "entropy": entropy}
+        results = []
+        for s, tracker in enumerate(self.trackers):
+            entropy = float(entropy_sum[s]) / max(count_all, 1)
+            tracker.record_entropy(task, entropy)
+            results.append({"per_task": per_task[s], "entropy": entropy})
+        return results
 
     # -- training ------------------------------------------------------------------------------
 
@@ -303,26 +396,34 @@ class _Run:
         schedule = schedules.get_schedule(
             cfg.schedule.name, plan.total_steps, **config_lib.schedule_kwargs(cfg)
         )
+        one_seed = self.unstack(state.trainable)[0]
         step_fn = ts.make_train_step(
             _apply_fn(cfg, self.head_sizes[: t + 1]),
             self.loss_fn,
             self.annealed,
             schedule,
-            _optimizer(cfg, state.trainable),
-            partition.label_params(state.trainable),
+            _optimizer(cfg, one_seed),
+            partition.label_params(one_seed),
             spec,
             self.step_cfg,
             _apply_fn(cfg, self.head_sizes[:t]) if (self.lwf and t >= 1) else None,
         )
-        lwf_params = partition.merge(lwf, self.frozen) if lwf is not None else None
+
+        def seed_step(state, frozen, lwf_trainable, batch):
+            lwf_params = None
+            if lwf_trainable is not None:
+                lwf_params = partition.merge(lwf_trainable, frozen)
+            return step_fn(state, frozen, lwf_params, batch)
+
         chunks = (self._scanned_chunks if cfg.optim.steps_per_call > 1 else self._step_chunks)(
-            step_fn, t, plan, state, lwf_params, start_step
+            seed_step, t, plan, state, lwf, start_step
         )
         bar = tqdm.tqdm(
             total=plan.total_steps,
             initial=start_step,
             unit="step",
-            desc=f"task {t + 1}/{len(self.head_sizes)}",
+            desc=f"task {t + 1}/{len(self.head_sizes)}"
+            + (f" x {len(self.seeds)} seeds" if self.vmapped else ""),
             disable=not self.is_main,
             dynamic_ncols=True,
         )
@@ -337,33 +438,39 @@ class _Run:
             ]
             if logged:
                 self.check_finite(state, t)
-                host = jax.device_get(metrics_chunk)  # one host sync per logged chunk
-                host = {key: np.reshape(value, (k,)) for key, value in host.items()}
+                # One host sync per logged chunk; arrays (S, k).
+                host = {key: self.per_seed(v).reshape(-1, k) for key, v in metrics_chunk.items()}
                 now = time.time()
                 ips = (step - last_log) * cfg.optim.batch_size / max(now - last_time, 1e-9)
                 last_log, last_time = step, now
-                global_end = int(state.global_step)
+                global_end = self.first(state.global_step)
                 for s in logged:
-                    m = {key: value[s - (step - k + 1)] for key, value in host.items()}
-                    self.writer.write(
-                        "train",
-                        task=t,
-                        step=global_end - (step - s),
-                        task_step=s,
-                        epoch=(s - 1) // plan.steps_per_epoch,
-                        loss=float(m["loss"]),
-                        alpha=float(m["alpha"]),
-                        entropy=float(m["entropy"]),
-                        lr=cfg.optim.learning_rate,
-                        grad_norm=float(m["grad_norm"]),
-                        images_per_s=ips,
-                        train_peft=bool(m["train_peft"]),
-                    )
-                bar.set_postfix(loss=f"{float(m['loss']):.3f}", alpha=f"{float(m['alpha']):.3f}")
+                    j = s - (step - k + 1)
+                    for i, writer in enumerate(self.writers):
+                        m = {key: value[i, j] for key, value in host.items()}
+                        writer.write(
+                            "train",
+                            task=t,
+                            step=global_end - (step - s),
+                            task_step=s,
+                            epoch=(s - 1) // plan.steps_per_epoch,
+                            loss=float(m["loss"]),
+                            alpha=float(m["alpha"]),
+                            entropy=float(m["entropy"]),
+                            lr=cfg.optim.learning_rate,
+                            grad_norm=float(m["grad_norm"]),
+                            images_per_s=ips,
+                            train_peft=bool(m["train_peft"]),
+                        )
+                loss_now = host["loss"][:, logged[-1] - (step - k + 1)]
+                bar.set_postfix(
+                    loss=f"{float(np.mean(loss_now)):.3f}",
+                    alpha=f"{float(host['alpha'][0, -1]):.3f}",
+                )
             if every and step // every > (step - k) // every and step < plan.total_steps:
                 self.check_finite(state, t)
                 self.ckpt.save(
-                    int(state.global_step),
+                    self.first(state.global_step),
                     state,
                     lwf,
                     self.meta(t, "in_task", step // plan.steps_per_epoch),
@@ -372,10 +479,10 @@ class _Run:
         self.check_finite(state, t)
         return state
 
-    def _step_chunks(self, step_fn, t, plan, state, lwf_params, step):
+    def _step_chunks(self, seed_step, t, plan, state, lwf, step):
         """One jitted step per batch from the host loader; yields (state, step, 1, metrics)."""
         cfg, task = self.cfg, self.data.tasks.tasks[t]
-        jit_step = jax.jit(step_fn, donate_argnums=(0,))
+        jit_step = jax.jit(self.lift(seed_step, (0, self.frozen_axis, 0, 0)), donate_argnums=(0,))
         while step < plan.total_steps:
             epoch = step // plan.steps_per_epoch
             for batch in loader.iterate(
@@ -385,20 +492,20 @@ class _Run:
                 cfg.optim.batch_size,
                 self.mesh,
                 train=True,
-                seed=cfg.seed,
+                seed=list(self.seeds) if self.vmapped else self.seeds[0],
                 epoch=t * 100_000 + epoch,
                 start=step - epoch * plan.steps_per_epoch,
             ):
-                state, m = jit_step(state, self.frozen, lwf_params, batch)
+                state, m = jit_step(state, self.frozen, lwf, batch)
                 step += 1
                 yield state, step, 1, m
                 if step == plan.total_steps:
                     return
 
-    def _scanned_chunks(self, step_fn, t, plan, state, lwf_params, step):
+    def _scanned_chunks(self, seed_step, t, plan, state, lwf, step):
         """`optim.steps_per_call` steps per call as one jitted `lax.scan`, the task's training
-        data resident on the device; batches in the loader's order. Yields (state, step, k,
-        metrics[k])."""
+        data resident on the device; batches in the loader's order (per seed). Yields (state,
+        step, k, metrics[k])."""
         cfg, task = self.cfg, self.data.tasks.tasks[t]
         batch_size, n = cfg.optim.batch_size, len(task.train_indices)
         images = jax.device_put(self.data.train.images[task.train_indices], self.replicated)
@@ -407,26 +514,34 @@ class _Run:
         )
         sharded = loader.batch_sharding(self.mesh)
 
-        def multi_step(state, frozen, lwf_params, images, labels, rows):
+        def multi_step(state, frozen, lwf, images, labels, rows):
             def body(st, r):
                 batch = jax.lax.with_sharding_constraint(
                     {"image": images[r], "label": labels[r]}, sharded
                 )
-                return step_fn(st, frozen, lwf_params, batch)
+                return seed_step(st, frozen, lwf, batch)
 
             return jax.lax.scan(body, state, rows)
 
-        jit_multi = jax.jit(multi_step, donate_argnums=(0,))
+        jit_multi = jax.jit(
+            self.lift(multi_step, (0, self.frozen_axis, 0, None, None, 0)), donate_argnums=(0,)
+        )
         while step < plan.total_steps:
             epoch = step // plan.steps_per_epoch
             within = step - epoch * plan.steps_per_epoch
             k = min(
                 cfg.optim.steps_per_call, plan.steps_per_epoch - within, plan.total_steps - step
             )
-            order = loader.epoch_order(np.arange(n), cfg.seed, t * 100_000 + epoch)
-            rows = order[within * batch_size : (within + k) * batch_size].reshape(k, batch_size)
+            rows = self.stack(
+                [
+                    loader.epoch_order(np.arange(n), seed, t * 100_000 + epoch)[
+                        within * batch_size : (within + k) * batch_size
+                    ].reshape(k, batch_size)
+                    for seed in self.seeds
+                ]
+            )
             state, ms = jit_multi(
-                state, self.frozen, lwf_params, images, labels, jnp.asarray(rows, jnp.int32)
+                state, self.frozen, lwf, images, labels, jnp.asarray(rows, jnp.int32)
             )
             step += k
             yield state, step, k, ms
@@ -437,102 +552,137 @@ class _Run:
                 state.trainable, partition.label_params(state.trainable), (partition.PEFT,)
             )
             state = state.replace(offline_peft=jax.tree.map(jnp.copy, peft))
-        result = self.evaluate(t, state)
+        results = self.evaluate(t, state)
         primary = self.predictors[0]
-        a = self.tracker.matrix(primary)
-        self.writer.write(
-            {
-                "type": "eval",
-                "task": t,
-                "step": int(state.global_step),
-                "accuracy": {
-                    p: [result["per_task"][i][p] for i in range(t + 1)] for p in self.predictors
-                },
-                "A_t": 100.0 * metrics.incremental_accuracy(a, t),
-                "acc_pooled": 100.0
-                * metrics.pooled_accuracy(
-                    self.tracker.correct[primary], self.tracker.total[primary], t
-                ),
-                "entropy": result["entropy"],
-            }
-        )
-        if self.is_main:
-            tqdm.tqdm.write(
-                f"after task {t + 1}: A_t = "
-                f"{100 * metrics.incremental_accuracy(a, t):.2f}% ({primary})"
+        step = self.first(state.global_step)
+        a_t = []
+        for result, tracker, writer in zip(results, self.trackers, self.writers, strict=True):
+            a = tracker.matrix(primary)
+            a_t.append(100.0 * metrics.incremental_accuracy(a, t))
+            writer.write(
+                {
+                    "type": "eval",
+                    "task": t,
+                    "step": step,
+                    "accuracy": {
+                        p: [result["per_task"][i][p] for i in range(t + 1)] for p in self.predictors
+                    },
+                    "A_t": a_t[-1],
+                    "acc_pooled": 100.0
+                    * metrics.pooled_accuracy(tracker.correct[primary], tracker.total[primary], t),
+                    "entropy": result["entropy"],
+                }
             )
-        self.ckpt.save(int(state.global_step), state, None, self.meta(t, "task_done", 0))
+        if self.is_main:
+            if self.vmapped:
+                summary = (
+                    f"{np.mean(a_t):.2f} +- {np.std(a_t, ddof=1):.2f}% over "
+                    f"{len(a_t)} seeds ({primary})"
+                )
+            else:
+                summary = f"{a_t[0]:.2f}% ({primary})"
+            tqdm.tqdm.write(f"after task {t + 1}: A_t = {summary}")
+        self.ckpt.save(step, state, None, self.meta(t, "task_done", 0))
         self.ckpt.wait()
         return state
+
+    def restore(self) -> tuple[ts.TrainState | None, Params | None, int, int]:
+        """(state, lwf, first task, first step) from the newest checkpoint, or a fresh start."""
+        restored = self.ckpt.restore_latest(self.checkpoint_target)
+        if restored is None:
+            return None, None, 0, 0
+        state, lwf, meta = restored
+        state = jax.device_put(state, self.replicated)
+        if meta["backbone_sha256"] != self.fingerprint:
+            raise ValueError(
+                "The frozen backbone differs from the one this run was checkpointed with "
+                "(fingerprint mismatch): the weights file or pretraining changed. Use a new "
+                "workdir, or restore the original weights."
+            )
+        if meta.get("seeds") != list(self.seeds):
+            raise ValueError(
+                f"The checkpoints in {self.ckpt.directory} hold seeds {meta.get('seeds')}, "
+                f"this run trains {list(self.seeds)}; use a new workdir."
+            )
+        self.trackers = [metrics.AccuracyTracker.from_dict(d) for d in meta["trackers"]]
+        self.elapsed_before = meta["elapsed_s"]
+        if meta["phase"] == "task_done":
+            start_task, start_step = meta["task"] + 1, 0
+            lwf = state.trainable if self.lwf else None
+        else:
+            start_task, start_step = meta["task"], self.first(state.task_step)
+        logging.info("Resuming at task %d, step %d.", start_task, start_step)
+        if self.is_main:
+            tqdm.tqdm.write(
+                f"resuming from {self.ckpt.directory}: task {start_task + 1}, step {start_step}"
+            )
+        return state, lwf, start_task, start_step
+
+    def report(self, wall: float) -> dict:
+        """Writes results (per seed, plus the seeds' summary) and returns the run's results."""
+        per_seed = [
+            report.build_results(
+                tracker, _seed_config(self.cfg, seed), wall, seed, list(self.head_sizes)
+            )
+            for tracker, seed in zip(self.trackers, self.seeds, strict=True)
+        ]
+        if not self.vmapped:
+            per_seed[0]["config"] = report.to_jsonable(self.cfg.to_dict())
+        if self.is_main:
+            for results, directory in zip(per_seed, self.seed_dirs, strict=True):
+                report.write_results(directory, results)
+                report.write_plots(
+                    directory,
+                    results,
+                    report.read_metrics(os.path.join(directory, report.METRICS_FILE)),
+                )
+        if not self.vmapped:
+            if self.is_main:
+                print(report.final_table(per_seed[0]))
+            return per_seed[0]
+        summary = report.seeds_summary(per_seed, report.to_jsonable(self.cfg.to_dict()), wall)
+        if self.is_main:
+            report.write_results(self.workdir, summary, report.SEEDS_RESULTS_FILE)
+            print(report.seeds_table(summary))
+        return summary
 
     def run(self) -> dict:
         self.started = time.time()
         num_tasks = len(self.head_sizes)
-        restored = self.ckpt.restore_latest(self.checkpoint_target)
-        state, lwf, start_task, start_step = None, None, 0, 0
-        if restored is not None:
-            state, lwf, meta = restored
-            state = jax.device_put(state, self.replicated)
-            if meta["backbone_sha256"] != self.fingerprint:
-                raise ValueError(
-                    "The frozen backbone differs from the one this run was checkpointed with "
-                    "(fingerprint mismatch): the weights file or pretraining changed. Use a new "
-                    "workdir, or restore the original weights."
-                )
-            self.tracker = metrics.AccuracyTracker.from_dict(meta["tracker"])
-            self.elapsed_before = meta["elapsed_s"]
-            if meta["phase"] == "task_done":
-                start_task = meta["task"] + 1
-                lwf = state.trainable if self.lwf else None
-            else:
-                start_task, start_step = meta["task"], int(state.task_step)
-            logging.info("Resuming at task %d, step %d.", start_task, start_step)
-            if self.is_main:
-                tqdm.tqdm.write(
-                    f"resuming from {self.ckpt.directory}: task {start_task + 1}, step {start_step}"
-                )
+        state, lwf, start_task, start_step = self.restore()
         for t in range(start_task, num_tasks):
             if start_step == 0:
-                global_step = int(state.global_step) if state is not None else 0
                 if state is None:
-                    trainable = self.trainable_for(0)
-                    offline = {}
+                    state = self.fresh_state(self.trainable_for(0), {}, 0)
                 else:
-                    trainable = head.grow(
-                        state.trainable,
-                        jax.random.fold_in(self.key, 1000 + t),
-                        self.head_sizes[t],
-                        self.cfg.model.hidden_size,
+                    state = self.fresh_state(
+                        self.grow_heads(state.trainable, t),
+                        state.offline_peft,
+                        self.first(state.global_step),
                     )
-                    offline = state.offline_peft
-                state = self.fresh_state(trainable, offline, global_step)
             state = self.train_task(t, state, lwf, start_step)
             state = self.finish_task(t, state)
             if self.lwf:
                 lwf = jax.tree.map(jnp.copy, state.trainable)
             start_step = 0
         self.ckpt.wait()
-        wall = self.elapsed_before + time.time() - self.started
-        results = report.build_results(
-            self.tracker, self.cfg.to_dict(), wall, self.cfg.seed, list(self.head_sizes)
-        )
-        if self.is_main:
-            report.write_results(self.workdir, results)
-            report.write_plots(
-                self.workdir,
-                results,
-                report.read_metrics(os.path.join(self.workdir, "metrics.jsonl")),
-            )
-            print(report.final_table(results))
-        return results
+        return self.report(self.elapsed_before + time.time() - self.started)
+
+    def close(self) -> None:
+        self.ckpt.close()  # waits for a pending asynchronous save
+        for writer in self.writers:
+            writer.close()
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Runs (or resumes) the continual experiment `cfg` in `workdir`; returns results.json."""
+    """Runs (or resumes) the continual experiment `cfg` in `workdir`; returns its results.
+
+    One seed: results.json's dict. `num_seeds > 1`: the seeds' summary (results_seeds.json),
+    each seed's own results.json being in `<workdir>/seed_<s>/`.
+    """
     os.makedirs(workdir, exist_ok=True)
     runner = _Run(cfg, workdir)
     try:
         return runner.run()
     finally:
-        runner.ckpt.close()  # waits for a pending asynchronous save
-        runner.writer.close()
+        runner.close()

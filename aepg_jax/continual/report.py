@@ -34,6 +34,8 @@ from aepg_jax.continual import metrics
 
 METRICS_FILE = "metrics.jsonl"
 RESULTS_FILE = "results.json"
+SEEDS_RESULTS_FILE = "results_seeds.json"
+SEED_METRICS = ("A_T", "avg_inc_acc", "forgetting", "acc_pooled_T")
 
 
 def to_jsonable(x: Any) -> Any:
@@ -169,22 +171,24 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- results.json
 
 
-def write_results(workdir: str | os.PathLike, results: Mapping[str, Any]) -> Path:
-    """Writes `<workdir>/results.json` atomically (temp file + `os.replace`), NaN -> null."""
+def write_results(
+    workdir: str | os.PathLike, results: Mapping[str, Any], filename: str = RESULTS_FILE
+) -> Path:
+    """Writes `<workdir>/<filename>` atomically (temp file + `os.replace`), NaN -> null."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     text = _dumps(results, indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=workdir, prefix=f".{RESULTS_FILE}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=workdir, prefix=f".{filename}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, workdir / RESULTS_FILE)
+        os.replace(tmp, workdir / filename)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return workdir / RESULTS_FILE
+    return workdir / filename
 
 
 def build_results(
@@ -217,6 +221,71 @@ def build_results(
         "wall_time_s": float(wall_time_s),
         "tracker": tracker.to_dict(),
     }
+
+
+def _mean_std(values: Sequence[Any]) -> dict[str, Any]:
+    """Mean and sample std (ddof=1; None for one value) of the finite values."""
+    finite = [float(v) for v in values if _num(v) and math.isfinite(v)]
+    return {
+        "mean": float(np.mean(finite)) if finite else None,
+        "std": float(np.std(finite, ddof=1)) if len(finite) > 1 else None,
+        "values": [float(v) if _num(v) else None for v in values],
+    }
+
+
+def seeds_summary(
+    per_seed: Sequence[Mapping[str, Any]], config: Mapping[str, Any], wall_time_s: float
+) -> dict[str, Any]:
+    """results_seeds.json of a multi-seed run: mean +- std over seeds.
+
+    Keys: `config`, `seeds`, `predictors`, `metrics` ({predictor: {metric: {mean, std,
+    values}}} for `SEED_METRICS`), `accuracy_matrix_mean` (primary predictor, %), `wall_time_s`
+    (of the whole vmapped run) and `per_seed` (each seed's results.json dict).
+    """
+    predictors = list(per_seed[0]["predictors"])
+    table = {
+        p: {k: _mean_std([r["methods"][p].get(k) for r in per_seed]) for k in SEED_METRICS}
+        for p in predictors
+    }
+    matrices = np.stack([_as_float_array(r["accuracy_matrix"]) for r in per_seed])
+    with warnings.catch_warnings():  # entries no seed has (j < i) stay NaN without a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean_matrix = np.nanmean(matrices, axis=0)
+    return {
+        "config": to_jsonable(config),
+        "seeds": [int(r["seed"]) for r in per_seed],
+        "predictors": predictors,
+        "metrics": table,
+        "accuracy_matrix_mean": [
+            [None if not math.isfinite(v) else float(v) for v in row] for row in mean_matrix
+        ],
+        "wall_time_s": float(wall_time_s),
+        "per_seed": [dict(r) for r in per_seed],
+    }
+
+
+def seeds_table(summary: Mapping[str, Any]) -> str:
+    """The terminal summary of a multi-seed run: per-seed A_T and mean +- std per predictor."""
+    seeds = summary["seeds"]
+    primary = summary["predictors"][0]
+    lines = [f"{len(seeds)} seeds {seeds}, A_T (%) per seed ({primary}):"]
+    lines.append(
+        "  "
+        + "  ".join(
+            f"{s}: {_fmt(v, 0)}"
+            for s, v in zip(seeds, summary["metrics"][primary]["A_T"]["values"], strict=True)
+        )
+    )
+    lines.append("")
+    lines.append(f"{'predictor':<12}" + "".join(f"{k:>18}" for k in SEED_METRICS))
+    for p, table in summary["metrics"].items():
+        cells = []
+        for k in SEED_METRICS:
+            m, sd = table[k]["mean"], table[k]["std"]
+            cells.append(f"{_fmt(m, 0)} +- {_fmt(sd, 0)}" if m is not None else "-")
+        lines.append(f"{p:<12}" + "".join(f"{c:>18}" for c in cells))
+    lines.append(f"{'wall time':<12}{_fmt_duration(summary.get('wall_time_s')):>18}")
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------ plots

@@ -10,14 +10,16 @@ with `jax.make_array_from_process_local_data` (one device or many, one host or m
   the split's first example) and `mask` marks the real rows.
 
 Each batch is a dict `{"image": uint8 (B, S, S, 3), "label": int32 (B,), "mask": bool (B,)}`;
-host reads run one or two batches ahead in a background thread.
+host reads run one or two batches ahead in a background thread. Training with a sequence of
+seeds (vmapped multi-seed runs) stacks one batch per seed: `(num_seeds, B, ...)`, the seed axis
+replicated and the batch axis sharded (`seeds_batch_sharding`).
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
@@ -34,6 +36,11 @@ def data_mesh(devices: list[jax.Device] | None = None) -> Mesh:
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Leading (batch) axis split over `data`, other axes replicated."""
     return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+
+
+def seeds_batch_sharding(mesh: Mesh) -> NamedSharding:
+    """A leading seed axis replicated, the batch axis after it split over `data`."""
+    return NamedSharding(mesh, PartitionSpec(None, DATA_AXIS))
 
 
 def check_batch_size(batch_size: int, mesh: Mesh) -> None:
@@ -78,37 +85,49 @@ def iterate(
     mesh: Mesh,
     *,
     train: bool,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
     epoch: int = 0,
     start: int = 0,
     prefetch: int = 2,
 ) -> Iterator[dict[str, jax.Array]]:
     """Global batches of `images[indices]` with `labels[indices]` (see the module docstring).
 
-    `start` skips the epoch's first batches without reading them (resuming mid-epoch).
+    `seed` a sequence (training only): one batch per seed, stacked on a leading axis, seed i's
+    batch being exactly the batch `iterate(..., seed=seed[i])` yields. `start` skips the
+    epoch's first batches without reading them (resuming mid-epoch).
     """
     check_batch_size(batch_size, mesh)
     indices = np.asarray(indices, np.int64)
+    stacked = not isinstance(seed, int | np.integer)
+    if stacked and not train:
+        raise ValueError("Evaluation batches take no seeds: pass train=False without a seed list.")
     if train:
-        order = epoch_order(indices, seed, epoch)
-        count = num_batches(len(order), batch_size, drop_last=True)
+        seeds = list(seed) if stacked else [seed]
+        orders = [epoch_order(indices, s, epoch) for s in seeds]
+        count = num_batches(len(indices), batch_size, drop_last=True)
         valid = np.ones(count * batch_size, bool)
     else:
         count = num_batches(len(indices), batch_size, drop_last=False)
         pad = count * batch_size - len(indices)
-        order = np.concatenate([indices, np.full(pad, indices[0] if len(indices) else 0)])
-        valid = np.arange(len(order)) < len(indices)
-    sharding = batch_sharding(mesh)
+        orders = [np.concatenate([indices, np.full(pad, indices[0] if len(indices) else 0)])]
+        valid = np.arange(len(orders[0])) < len(indices)
+    sharding = seeds_batch_sharding(mesh) if stacked else batch_sharding(mesh)
     local = batch_size // jax.process_count()
 
     def host_batch(b: int):
-        rows = _host_slice(order[b * batch_size : (b + 1) * batch_size])
         mask = _host_slice(valid[b * batch_size : (b + 1) * batch_size])
-        return _read(images, labels, rows, mask)
+        parts = [
+            _read(images, labels, _host_slice(order[b * batch_size : (b + 1) * batch_size]), mask)
+            for order in orders
+        ]
+        if not stacked:
+            return parts[0]
+        return tuple(np.stack(xs) for xs in zip(*parts, strict=True))
 
     def to_global(x: np.ndarray) -> jax.Array:
-        shape = (batch_size, *x.shape[1:])
-        assert x.shape[0] == local, (x.shape, local)
+        lead = x.shape[:1] if stacked else ()
+        shape = (*lead, batch_size, *x.shape[len(lead) + 1 :])
+        assert x.shape[len(lead)] == local, (x.shape, local)
         return jax.make_array_from_process_local_data(sharding, x, shape)
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
