@@ -45,8 +45,7 @@ def time_task(cfg, workdir: str) -> tuple[float, float]:
             jax.block_until_ready(state.trainable)
             times.append(time.perf_counter() - start)
     finally:
-        runner.ckpt.close()
-        runner.writer.close()
+        runner.close()
     return times[0], times[1]
 
 
