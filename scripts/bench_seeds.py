@@ -77,7 +77,7 @@ def timed_run(cfg, workdir: str) -> tuple[float, dict]:
     return time.perf_counter() - start, results
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[str, tuple[float, list[float]]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-seeds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=None, help="default: the config's (20)")
@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     diff = float(np.max(np.abs(np.array(seq_a) - np.array(vm_a))))
     print(f"max |A_T difference|: {diff:.4f} points")
     sys.stdout.flush()
+    return measured
 
 
 if __name__ == "__main__":

@@ -20,5 +20,32 @@ def test_plot_schedules_prints_table8_and_writes_png(tmp_path, capsys, monkeypat
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_bench_seeds_times_both_sides_and_seeds_agree(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_seeds
+
+    measured = bench_seeds.main(
+        [
+            "--num-seeds", "2", "--epochs", "1", "--tasks", "2", "--max-steps", "2",
+            "--pretrain-dataset", "digits", "--pretrain-epochs", "1",
+            "--cache-dir", str(tmp_path / "cache"),
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert set(measured) == {"sequential", "vmapped"}
+    assert all(seconds > 0 for seconds, _ in measured.values())
+    assert measured["sequential"][1] == pytest.approx(measured["vmapped"][1], abs=1e-6)
+    assert "speed-up sequential / vmapped:" in out and "max |A_T difference|: 0.0000" in out
+
+
+@pytest.mark.slow
+def test_bench_loop_prints_both_modes(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["bench_loop.py", "--steps", "4", "--steps-per-call", "2"])
+    runpy.run_path(str(SCRIPTS / "bench_loop.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "per-step loop" in out and "lax.scan chunks" in out and "ratio scan / per-step" in out
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))

@@ -409,14 +409,22 @@ class _Run:
             _apply_fn(cfg, self.head_sizes[:t]) if (self.lwf and t >= 1) else None,
         )
 
-        def seed_step(state, frozen, lwf_trainable, batch):
+        def seed_step(state, frozen, lwf_trainable, batch, train_peft):
             lwf_params = None
             if lwf_trainable is not None:
                 lwf_params = partition.merge(lwf_trainable, frozen)
-            return step_fn(state, frozen, lwf_params, batch)
+            return step_fn(state, frozen, lwf_params, batch, train_peft)
+
+        lifted = self.lift(seed_step, (0, self.frozen_axis, 0, 0, None))
+        vmapped = self.vmapped
+
+        def run_step(state, frozen, lwf, batch):
+            # Every seed is at the same task step: one unbatched phase flag for all of them.
+            train_peft = state.task_step[0] >= spec.freeze_steps if vmapped else None
+            return lifted(state, frozen, lwf, batch, train_peft)
 
         chunks = (self._scanned_chunks if cfg.optim.steps_per_call > 1 else self._step_chunks)(
-            seed_step, t, plan, state, lwf, start_step
+            run_step, t, plan, state, lwf, start_step
         )
         bar = tqdm.tqdm(
             total=plan.total_steps,
@@ -479,10 +487,10 @@ class _Run:
         self.check_finite(state, t)
         return state
 
-    def _step_chunks(self, seed_step, t, plan, state, lwf, step):
+    def _step_chunks(self, run_step, t, plan, state, lwf, step):
         """One jitted step per batch from the host loader; yields (state, step, 1, metrics)."""
         cfg, task = self.cfg, self.data.tasks.tasks[t]
-        jit_step = jax.jit(self.lift(seed_step, (0, self.frozen_axis, 0, 0)), donate_argnums=(0,))
+        jit_step = jax.jit(run_step, donate_argnums=(0,))
         while step < plan.total_steps:
             epoch = step // plan.steps_per_epoch
             for batch in loader.iterate(
@@ -502,44 +510,49 @@ class _Run:
                 if step == plan.total_steps:
                     return
 
-    def _scanned_chunks(self, seed_step, t, plan, state, lwf, step):
+    def _scanned_chunks(self, run_step, t, plan, state, lwf, step):
         """`optim.steps_per_call` steps per call as one jitted `lax.scan`, the task's training
         data resident on the device; batches in the loader's order (per seed). Yields (state,
-        step, k, metrics[k])."""
+        step, k, metrics[[S,] k])."""
         cfg, task = self.cfg, self.data.tasks.tasks[t]
         batch_size, n = cfg.optim.batch_size, len(task.train_indices)
         images = jax.device_put(self.data.train.images[task.train_indices], self.replicated)
         labels = jax.device_put(
             self.data.tasks.train_labels[task.train_indices].astype(np.int32), self.replicated
         )
-        sharded = loader.batch_sharding(self.mesh)
+        sharded = (loader.seeds_batch_sharding if self.vmapped else loader.batch_sharding)(
+            self.mesh
+        )
+        vmapped = self.vmapped
 
         def multi_step(state, frozen, lwf, images, labels, rows):
-            def body(st, r):
+            def body(st, r):  # r: ([S,] B) rows of this step
                 batch = jax.lax.with_sharding_constraint(
                     {"image": images[r], "label": labels[r]}, sharded
                 )
-                return seed_step(st, frozen, lwf, batch)
+                return run_step(st, frozen, lwf, batch)
 
-            return jax.lax.scan(body, state, rows)
+            state, ms = jax.lax.scan(body, state, rows)  # metrics (k, [S])
+            return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), ms) if vmapped else ms
 
-        jit_multi = jax.jit(
-            self.lift(multi_step, (0, self.frozen_axis, 0, None, None, 0)), donate_argnums=(0,)
-        )
+        jit_multi = jax.jit(multi_step, donate_argnums=(0,))
         while step < plan.total_steps:
             epoch = step // plan.steps_per_epoch
             within = step - epoch * plan.steps_per_epoch
             k = min(
                 cfg.optim.steps_per_call, plan.steps_per_epoch - within, plan.total_steps - step
             )
-            rows = self.stack(
+            rows = np.stack(
                 [
                     loader.epoch_order(np.arange(n), seed, t * 100_000 + epoch)[
                         within * batch_size : (within + k) * batch_size
                     ].reshape(k, batch_size)
                     for seed in self.seeds
-                ]
-            )
+                ],
+                axis=1,
+            )  # (k, S, B)
+            if not vmapped:
+                rows = rows[:, 0]
             state, ms = jit_multi(
                 state, self.frozen, lwf, images, labels, jnp.asarray(rows, jnp.int32)
             )

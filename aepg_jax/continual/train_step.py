@@ -88,11 +88,13 @@ def make_train_step(
     cfg: StepConfig,
     lwf_apply_fn: Callable[..., tuple[jax.Array, dict]] | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
-    """`step(state, frozen, lwf_params, batch) -> (state, metrics)`, not yet jitted.
+    """`step(state, frozen, lwf_params, batch[, train_peft]) -> (state, metrics)`, not jitted.
 
     `apply_fn(params, images)` is the model's forward pass; `frozen` the backbone leaves;
     `lwf_params` the previous task's full parameter tree and `lwf_apply_fn` its forward pass
-    (it has one head fewer), or None.
+    (it has one head fewer), or None. `train_peft` (a bool scalar) overrides the phase flag
+    `state.task_step >= freeze_steps`; a vmapped multi-seed step passes it unbatched so that
+    the head-only `lax.cond` stays a branch instead of becoming a select of both branches.
     """
     has_peft = bool(jax.tree.leaves(_peft_of(trainable_labels, trainable_labels)))
     stop = task.offset + task.num_classes
@@ -121,7 +123,13 @@ def make_train_step(
         )(head)
         return (loss, ent), partition.merge(g_head, jax.tree.map(jnp.zeros_like, peft))
 
-    def step(state: TrainState, frozen: Params, lwf_params: Params | None, batch: dict):
+    def step(
+        state: TrainState,
+        frozen: Params,
+        lwf_params: Params | None,
+        batch: dict,
+        train_peft: jax.Array | None = None,
+    ):
         key = jax.random.fold_in(state.rng, state.global_step)
         images = augment.train_augment(
             key,
@@ -133,7 +141,8 @@ def make_train_step(
             normalize_mode=cfg.normalize,
         )
         alpha = jnp.asarray(schedule(state.task_step), jnp.float32)
-        train_peft = state.task_step >= task.freeze_steps
+        if train_peft is None:
+            train_peft = state.task_step >= task.freeze_steps
         args = (state.trainable, frozen, lwf_params, images, batch["label"], alpha)
         if has_peft and task.freeze_steps > 0:
             (loss, entropy), grads = jax.lax.cond(train_peft, grads_all, grads_head_only, *args)
