@@ -1,20 +1,25 @@
 """Many seeds in one program: `num_seeds=S` (one vmapped run) vs S sequential single-seed runs.
 
 Both sides run the embedded default (`configs/default.py`: tiny ViT pretrained on
-Fashion-MNIST, 5-task digits, LoRA + aEPG + LAE) end to end through `loop.run` (training,
-evaluation after every task, checkpoints, reports), seeds `0..S-1`, in this one process:
+Fashion-MNIST, 5-task digits, LoRA + aEPG + LAE) end to end (training, evaluation after every
+task, checkpoints, reports), seeds `0..S-1`:
 
-* sequential: `loop.run(cfg with seed=i)` for i = 0..S-1, one after the other;
-* vmapped: `loop.run(cfg with num_seeds=S)` once.
+* sequential: S runs with `seed=i`, one after the other;
+* vmapped: one run with `num_seeds=S`.
+
+`--mode cli` (default) times what a user types: each run is its own
+`python -m aepg_jax.main --config=configs/default.py --workdir=... --config.seed=i` process
+(the sequential side pays S interpreter starts, imports and data loads, the vmapped side one).
+`--mode inprocess` calls `loop.run` in this process for both sides (no process start; the
+sequential side still compiles its steps once per run, as separate runs would).
 
 The shared inputs are built before the clock starts (the decoded data caches and the pretrained
-backbone, which every seed shares); each side then pays its own compilation, as separate runs
-would (in separate processes the sequential side would also pay S interpreter starts and data
-loads, which this in-process measurement leaves out). Prints the wall time of each side, the
-ratio, and each seed's A_T from both sides (they should agree: seed i of the vmapped run is the
-single run of seed i).
+backbone, which every seed shares). Prints the wall time of each side, the ratio, and each
+seed's A_T from both sides (they should agree: seed i of the vmapped run is the single run of
+seed i).
 
-    python scripts/bench_seeds.py                      # S=5, the default as shipped
+    python scripts/bench_seeds.py                      # S=5, the default as shipped, CLI runs
+    python scripts/bench_seeds.py --mode inprocess
     python scripts/bench_seeds.py --num-seeds 3 --epochs 2 --pretrain-dataset digits  # quick
 """
 
@@ -25,8 +30,10 @@ import contextlib
 import datetime
 import importlib.util
 import io
+import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,24 +56,58 @@ def default_config():
     return module.get_config()
 
 
+def overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The config fields the command line changes, as `--config.<key>` would set them."""
+    out: dict[str, object] = {}
+    if args.epochs is not None:
+        out["optim.epochs"] = args.epochs
+        out["optim.peft_freeze_epochs"] = min(
+            default_config().optim.peft_freeze_epochs, args.epochs // 2
+        )
+    if args.tasks is not None:
+        out["data.num_tasks"] = args.tasks
+    if args.max_steps is not None:
+        out["max_steps_per_task"] = args.max_steps
+    if args.pretrain_dataset is not None:
+        out["pretrain.dataset"] = args.pretrain_dataset
+    if args.pretrain_epochs is not None:
+        out["pretrain.epochs"] = args.pretrain_epochs
+    if args.cache_dir is not None:
+        out["data.cache_dir"] = args.cache_dir
+        out["pretrain.cache_dir"] = os.path.join(args.cache_dir, "pretrained")
+    return out
+
+
 def make_config(args: argparse.Namespace):
     cfg = default_config()
-    if args.epochs is not None:
-        cfg.optim.epochs = args.epochs
-        cfg.optim.peft_freeze_epochs = min(cfg.optim.peft_freeze_epochs, args.epochs // 2)
-    if args.tasks is not None:
-        cfg.data.num_tasks = args.tasks
-    if args.max_steps is not None:
-        cfg.max_steps_per_task = args.max_steps
-    if args.pretrain_dataset is not None:
-        cfg.pretrain.dataset = args.pretrain_dataset
-    if args.pretrain_epochs is not None:
-        cfg.pretrain.epochs = args.pretrain_epochs
-    if args.cache_dir is not None:
-        cfg.data.cache_dir = args.cache_dir
-        cfg.pretrain.cache_dir = os.path.join(args.cache_dir, "pretrained")
+    for key, value in overrides(args).items():
+        *parents, leaf = key.split(".")
+        node = cfg
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
     config_lib.validate(cfg)
     return cfg
+
+
+def cli_run(args: argparse.Namespace, workdir: str, **fields: object) -> tuple[float, dict]:
+    """(wall seconds, results) of one `python -m aepg_jax.main` process on the default."""
+    command = [
+        sys.executable,
+        "-m",
+        "aepg_jax.main",
+        f"--config={os.path.join(REPO, 'configs', 'default.py')}",
+        f"--workdir={workdir}",
+    ]
+    command += [f"--config.{k}={v}" for k, v in {**overrides(args), **fields}.items()]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"error: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    name = "results_seeds.json" if fields.get("num_seeds", 1) != 1 else "results.json"
+    with open(os.path.join(workdir, name)) as f:
+        return seconds, json.load(f)
 
 
 def timed_run(cfg, workdir: str) -> tuple[float, dict]:
@@ -89,6 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, list[float]]]:
     parser.add_argument(
         "--order", choices=("vmapped-first", "sequential-first"), default="vmapped-first"
     )
+    parser.add_argument("--mode", choices=("cli", "inprocess"), default="cli")
     args = parser.parse_args(argv)
     if args.num_seeds < 2:
         parser.error("--num-seeds must be >= 2")
@@ -105,17 +147,25 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, list[float]]]:
         def sequential() -> tuple[float, list[float]]:
             total, a_t = 0.0, []
             for seed in range(args.num_seeds):
-                c = cfg.copy_and_resolve_references()
-                c.seed = seed
-                seconds, results = timed_run(c, os.path.join(tmp, f"seed{seed}"))
+                workdir = os.path.join(tmp, f"seed{seed}")
+                if args.mode == "cli":
+                    seconds, results = cli_run(args, workdir, seed=seed)
+                else:
+                    c = cfg.copy_and_resolve_references()
+                    c.seed = seed
+                    seconds, results = timed_run(c, workdir)
                 total += seconds
                 a_t.append(results["A_T"])
             return total, a_t
 
         def vmapped() -> tuple[float, list[float]]:
-            c = cfg.copy_and_resolve_references()
-            c.num_seeds = args.num_seeds
-            seconds, summary = timed_run(c, os.path.join(tmp, "vmapped"))
+            workdir = os.path.join(tmp, "vmapped")
+            if args.mode == "cli":
+                seconds, summary = cli_run(args, workdir, num_seeds=args.num_seeds)
+            else:
+                c = cfg.copy_and_resolve_references()
+                c.num_seeds = args.num_seeds
+                seconds, summary = timed_run(c, workdir)
             return seconds, [r["A_T"] for r in summary["per_seed"]]
 
         sides = {"vmapped": vmapped, "sequential": sequential}
@@ -128,7 +178,8 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, list[float]]]:
     print(
         f"date {datetime.date.today()}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPU threads, jax {jax.__version__} on "
-        f"{jax.devices()[0].platform} x{jax.device_count()}"
+        f"{jax.devices()[0].platform} x{jax.device_count()}; mode {args.mode}"
+        + (" (one `python -m aepg_jax.main` process per run)" if args.mode == "cli" else "")
     )
     print(
         f"configs/default.py: {cfg.data.num_tasks} tasks, {cfg.optim.epochs} epochs/task"
