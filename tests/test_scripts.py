@@ -20,6 +20,16 @@ def test_plot_schedules_prints_table8_and_writes_png(tmp_path, capsys, monkeypat
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_vit_compute_times_forward_and_backward(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_vit_compute
+
+    results = bench_vit_compute.main(["--preset", "vit_tiny", "--batch", "2", "--steps", "1"])
+    assert set(results) == {"forward", "forward+backward"}
+    assert all(seconds > 0 for seconds, _, _ in results.values())
+    assert "img/s" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_bench_seeds_times_both_sides_and_seeds_agree(tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(SCRIPTS))

@@ -1,0 +1,108 @@
+"""Forward and forward+backward time of the ViT alone, to see where a train step's time goes.
+
+Jits our model's forward pass and `jax.grad` of a cross-entropy on it with respect to the PEFT
+and head leaves only (the frozen backbone is a non-differentiated argument, as in the train
+step), on one batch of constant images; prints the median over `--steps` calls after one
+warm-up call, the page faults and the system CPU time per call. No augmentation, no optimizer:
+compare with `scripts/bench_step.py`, which times the whole step.
+
+    python scripts/bench_vit_compute.py                          # ViT-B/16, LoRA, batch 8
+    XLA_FLAGS=--xla_cpu_use_onednn=true python scripts/bench_vit_compute.py
+    python scripts/bench_vit_compute.py --dtype bfloat16
+    python scripts/bench_vit_compute.py --no-page-faults         # glibc keeps freed memory
+
+`--no-page-faults` calls glibc's `mallopt` (one arena, no mmap for large blocks, no trimming)
+before JAX starts, so XLA:CPU's temporaries reuse mapped pages instead of faulting them in
+afresh every call (Linux with glibc only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import resource
+import statistics
+import time
+from collections.abc import Callable
+
+M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
+
+
+def keep_pages_mapped() -> None:
+    libc = ctypes.CDLL("libc.so.6")
+    for option, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1)):
+        if libc.mallopt(option, value) != 1:
+            raise SystemExit(f"error: mallopt({option}, {value}) failed")
+
+
+def measure(fn: Callable[[], object], steps: int) -> tuple[float, float, float]:
+    """(median seconds, page faults per call, system CPU seconds per call) after a warm-up."""
+    fn()
+    times, faults, system = [], 0, 0.0
+    for _ in range(steps):
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        faults += after.ru_minflt - before.ru_minflt
+        system += after.ru_stime - before.ru_stime
+    return statistics.median(times), faults / steps, system / steps
+
+
+def main(argv: list[str] | None = None) -> dict[str, tuple[float, float, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="vit_b16", help="a models/vit.py preset")
+    parser.add_argument("--peft", default="lora", choices=("lora", "adapter", "prefix"))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--no-page-faults", action="store_true")
+    args = parser.parse_args(argv)
+    if args.no_page_faults:
+        keep_pages_mapped()
+
+    import jax  # after mallopt: JAX's allocations then follow it
+    import jax.numpy as jnp
+
+    from aepg_jax import partition
+    from aepg_jax.models import head, vit
+
+    cfg = vit.model_config(args.preset)
+    cfg.peft.kind = args.peft
+    cfg.dtype = args.dtype
+    params = vit.init_params(cfg, jax.random.PRNGKey(0))
+    peft, frozen = partition.split(params, partition.label_params(params), partition.TRAINABLE)
+    trainable = head.grow(peft, jax.random.PRNGKey(1), 20, cfg.hidden_size)
+    model = vit.build(cfg, (20,))
+    images = jnp.ones((args.batch, cfg.image_size, cfg.image_size, 3), jnp.float32)
+
+    def loss(trainable, frozen, images):
+        logits, _ = model.apply({"params": partition.merge(trainable, frozen)}, images)
+        return -jnp.mean(jax.nn.log_softmax(logits)[:, 0])
+
+    forward, grad = jax.jit(loss), jax.jit(jax.grad(loss))
+    results = {
+        "forward": measure(
+            lambda: forward(trainable, frozen, images).block_until_ready(), args.steps
+        ),
+        "forward+backward": measure(
+            lambda: jax.block_until_ready(grad(trainable, frozen, images)), args.steps
+        ),
+    }
+    print(
+        f"{args.preset} {args.peft} batch {args.batch} {args.dtype}, {os.cpu_count()} CPU "
+        f"threads, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
+        f"no_page_faults={args.no_page_faults}"
+    )
+    for name, (seconds, faults, system) in results.items():
+        print(
+            f"{name:<17} {seconds:7.3f} s  {args.batch / seconds:6.2f} img/s  "
+            f"{faults:9.0f} page faults  {system:5.2f} s system CPU per call"
+        )
+    return results
+
+
+if __name__ == "__main__":
+    main()
