@@ -612,9 +612,14 @@ class _Run:
                 "(fingerprint mismatch): the weights file or pretraining changed. Use a new "
                 "workdir, or restore the original weights."
             )
-        if meta.get("seeds") != list(self.seeds):
+        if "seeds" not in meta or "trackers" not in meta:
             raise ValueError(
-                f"The checkpoints in {self.ckpt.directory} hold seeds {meta.get('seeds')}, "
+                f"The checkpoints in {self.ckpt.directory} were written by an older aepg_jax "
+                "(no per-seed state); use a new workdir."
+            )
+        if meta["seeds"] != list(self.seeds):
+            raise ValueError(
+                f"The checkpoints in {self.ckpt.directory} hold seeds {meta['seeds']}, "
                 f"this run trains {list(self.seeds)}; use a new workdir."
             )
         self.trackers = [metrics.AccuracyTracker.from_dict(d) for d in meta["trackers"]]
