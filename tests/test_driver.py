@@ -61,7 +61,12 @@ def _read_jsonl(path):
 
 @pytest.mark.parametrize(
     "method,loss,peft",
-    [("lae", "aepg", "lora"), ("lwf", "focal", "adapter"), ("plain", "ce", "prefix")],
+    [
+        ("lae", "aepg", "lora"),
+        # CI runs these PEFT kinds and methods in test_paper_config_runs_at_tiny_shape.
+        pytest.param("lwf", "focal", "adapter", marks=pytest.mark.slow),
+        pytest.param("plain", "ce", "prefix", marks=pytest.mark.slow),
+    ],
 )
 def test_runs_end_to_end(tmp_path, method, loss, peft):
     cfg = tiny_config(

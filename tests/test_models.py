@@ -311,7 +311,8 @@ class BFloat16Test(parameterized.TestCase):
         np.testing.assert_allclose(out["features"], ref_out["features"], atol=0.1, rtol=0.05)
         self.assertFalse(np.array_equal(out["features"], ref_out["features"]))  # really bf16
         model = vit.build(cfg, (4,))
-        grads = jax.grad(lambda p: model.apply({"params": p}, _images(cfg))[0].sum())(params)
+        images = _images(cfg)
+        grads = jax.jit(jax.grad(lambda p: model.apply({"params": p}, images)[0].sum()))(params)
         chex.assert_tree_all_finite(grads)
         self.assertTrue(all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads)))
 

@@ -188,8 +188,9 @@ class _Run:
                 params, partition.label_params(params), partition.TRAINABLE
             )
             self.initial_peft.append(peft)
-            frozen.append(backbone)
-        # A pretrained or loaded backbone is the same for every seed; a random one is not.
+            # A pretrained or loaded backbone is the same for every seed; a random one is not.
+            if not frozen or cfg.model.init == "random":
+                frozen.append(backbone)
         self.frozen_axis = 0 if self.vmapped and cfg.model.init == "random" else None
         self.frozen = jax.device_put(
             _stack(frozen) if self.frozen_axis == 0 else frozen[0], self.replicated
