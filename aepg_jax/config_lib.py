@@ -57,6 +57,9 @@ Fields (defaults in brackets):
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -126,6 +129,16 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
     c.max_steps_per_task = config_dict.placeholder(int)
     c.distributed = False
     return c
+
+
+def from_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+    """`get_config([arg])` of the config file at `path`, as `--config=path[:arg]` builds it."""
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"{path} is not a Python config file.")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg) if arg is not None else module.get_config()
 
 
 def loss_kwargs(cfg: ml_collections.ConfigDict) -> dict[str, float]:

@@ -11,25 +11,20 @@ apart; the second is timed. Prints steps/s of both modes and the ratio, measured
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import tempfile
 import time
 
 import jax
 
+from aepg_jax import config_lib
 from aepg_jax.continual import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def default_config():
-    spec = importlib.util.spec_from_file_location(
-        "default", os.path.join(REPO, "configs", "default.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return config_lib.from_file(os.path.join(REPO, "configs", "default.py"))
 
 
 def time_task(cfg, workdir: str) -> tuple[float, float]:

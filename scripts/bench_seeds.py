@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import importlib.util
 import io
 import json
 import os
@@ -48,12 +47,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def default_config():
-    spec = importlib.util.spec_from_file_location(
-        "default", os.path.join(REPO, "configs", "default.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return config_lib.from_file(os.path.join(REPO, "configs", "default.py"))
 
 
 def overrides(args: argparse.Namespace) -> dict[str, object]:

@@ -303,14 +303,7 @@ def test_sharded_over_8_devices_matches_one_device(tmp_path):
 
 
 def _config_file(filename, arg=None):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        filename[:-3], os.path.join(REPO, "configs", filename)
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg) if arg is not None else module.get_config()
+    return config_lib.from_file(os.path.join(REPO, "configs", filename), arg)
 
 
 def test_default_config_runs_offline(tmp_path):
