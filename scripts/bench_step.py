@@ -29,7 +29,9 @@ The two sides alternate in one process: per PEFT kind, after building, compiling
 timed alone; the reported figure is `batch / median step time` over all rounds. torch uses
 `torch.set_num_threads(os.cpu_count())`; XLA's CPU client uses one device whose intra-op
 thread pool spans all cores by default (XLA_FLAGS is printed when set). The model computes in
-float32 only: bfloat16 is not implemented in `aepg_jax.models.vit` yet, so it is not offered.
+`--dtype float32` (default) or `bfloat16`: the JAX model computes in that dtype
+(`model.dtype`: parameters, loss, head and logits stay float32); the torch step then runs its
+forward pass and loss under `torch.autocast("cpu", dtype=torch.bfloat16)`.
 
     python scripts/bench_step.py --batch 8 --steps 5 --rounds 3 --peft lora,adapter,prefix \
         --image-size 224 --model vit_b16
@@ -169,7 +171,9 @@ class ForeignLoad:
         return max(busy - own, 0.0) / max(wall * (os.cpu_count() or 1), 1e-9)
 
 
-def run_config(model: str, kind: str, loss: str, image_size: int | None) -> Any:
+def run_config(
+    model: str, kind: str, loss: str, image_size: int | None, dtype: str = "float32"
+) -> Any:
     """The project config of one benchmark case (SPEC defaults otherwise)."""
     if model not in MODELS:
         raise ValueError(f"Unknown model {model!r}; valid: {', '.join(MODELS)}.")
@@ -179,6 +183,7 @@ def run_config(model: str, kind: str, loss: str, image_size: int | None) -> Any:
         raise ValueError(f"Unknown loss {loss!r}; valid: {', '.join(LOSSES)}.")
     cfg = config_lib.base_config(model)
     cfg.model.peft.kind = kind
+    cfg.model.dtype = dtype
     if image_size is not None:
         cfg.model.image_size = image_size
     cfg.loss.name = loss
@@ -197,10 +202,11 @@ def make_jax_runner(
     num_classes: int = 20,
     loss: str = "ce",
     seed: int = 0,
+    dtype: str = "float32",
 ) -> Runner:
     """Our jitted train step (task 0, no head-only phase), compiled, with a fixed uint8 batch."""
     start = time.perf_counter()
-    cfg = run_config(model, kind, loss, image_size)
+    cfg = run_config(model, kind, loss, image_size, dtype)
     key = jax.random.PRNGKey(seed)
     params = vit.init_params(cfg.model, jax.random.fold_in(key, 0))
     peft, frozen = partition.split(params, partition.label_params(params), partition.TRAINABLE)
@@ -460,12 +466,13 @@ def make_torch_runner(
     loss: str = "ce",
     style: str = "timm",
     seed: int = 0,
+    dtype: str = "float32",
 ) -> Runner:
     """The eager PyTorch reference step (see the module docstring) on the same uint8 batch."""
     if style not in TORCH_STYLES:
         raise ValueError(f"Unknown torch style {style!r}; valid: {', '.join(TORCH_STYLES)}.")
     start = time.perf_counter()
-    cfg = run_config(model, kind, loss, image_size)
+    cfg = run_config(model, kind, loss, image_size, dtype)
     torch.manual_seed(seed)
     net = _torch_model(torch, timm, cfg, model, num_classes)
     for p in net.parameters():
@@ -492,8 +499,9 @@ def make_torch_runner(
 
     def step() -> None:
         x = _torch_augment(torch, gen, images, cfg.model.image_size, cfg)
-        logits = net(x)
-        ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+            logits = net(x)
+        ce = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
         if loss == "aepg":
             t = counter["t"]
             alpha = 1.0 / (1.0 + math.exp(-tau * (TOTAL_STEPS - 2 * t) / TOTAL_STEPS))
@@ -574,7 +582,7 @@ def _machine_lines(torch: Any, timm: Any, args: argparse.Namespace) -> list[str]
             f"(stubbed: {stubbed}); torch style: {args.torch_style}"
         )
     lines.append(
-        f"float32 only (bfloat16 is not implemented in aepg_jax.models.vit yet); loss "
+        f"compute dtype {args.dtype} (torch: autocast when bfloat16); loss "
         f"{args.loss}; {args.num_classes}-class head; steps={args.steps} x rounds={args.rounds}, "
         f"warmup={args.warmup}"
     )
@@ -621,6 +629,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--torch-style", choices=TORCH_STYLES, default="timm")
     parser.add_argument("--jax-only", action="store_true", help="skip the torch side")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.peft.split(",") if k.strip()]
     bad = [k for k in kinds if k not in PEFT_KINDS]
@@ -652,6 +661,7 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         num_classes=args.num_classes,
         loss=args.loss,
         seed=args.seed,
+        dtype=args.dtype,
     )
     results = []
     for kind in args.kinds:

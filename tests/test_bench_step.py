@@ -22,13 +22,13 @@ def test_bench_jax_vit_tiny_reports_positive_throughput(bench):
     assert math.isfinite(ips) and ips > 0
 
 
-def test_jax_only_main_prints_table_without_torch(bench, capsys):
-    results = bench.main(
-        ["--model", "vit_tiny", "--peft", "prefix", "--jax-only", "--steps", "1", "--rounds", "1"]
-    )
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_jax_only_main_prints_table_without_torch(bench, capsys, dtype):
+    args = ["--model", "vit_tiny", "--peft", "prefix", "--jax-only", "--steps", "1"]
+    results = bench.main([*args, "--rounds", "1", "--dtype", dtype])
     out = capsys.readouterr().out
     assert len(results) == 1 and results[0].torch_ips is None and results[0].jax_ips > 0
-    assert "command: " in out and "os.cpu_count()=" in out and "float32 only" in out
+    assert "command: " in out and "os.cpu_count()=" in out and f"compute dtype {dtype}" in out
     assert "vit_tiny  prefix" in out
 
 
