@@ -645,8 +645,6 @@ class _Run:
             )
             for tracker, seed in zip(self.trackers, self.seeds, strict=True)
         ]
-        if not self.vmapped:
-            per_seed[0]["config"] = report.to_jsonable(self.cfg.to_dict())
         if self.is_main:
             for results, directory in zip(per_seed, self.seed_dirs, strict=True):
                 report.write_results(directory, results)
