@@ -5,6 +5,8 @@ the result, applies `--config.a.b=value` overrides and calls `validate` before a
 
 Fields (defaults in brackets):
 
+  trainer [continual]          the trainer `aepg_jax.main` runs: continual (this schema) or
+                               scratch (train from scratch, its own schema: scratch/config.py)
   seed [0]                     every random choice of the run (PEFT and head init, data order,
                                augmentation; a random backbone) derives from it
   num_seeds [1]                S > 1: train seeds seed, seed+1, ..., seed+S-1 as one compiled
@@ -76,6 +78,7 @@ NORMALIZE = ("minus_one_one", "none")
 def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
     """All fields with their SPEC defaults (see the module docstring)."""
     c = ml_collections.ConfigDict()
+    c.trainer = "continual"
     c.seed = 0
     c.num_seeds = 1
     c.data = dict(
@@ -163,6 +166,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     """Raises ValueError listing every impossible value, each with what to change."""
     p: list[str] = []
     d, o, m = cfg.data, cfg.optim, cfg.method
+    _check(
+        cfg.get("trainer", "continual") == "continual",
+        f"trainer={cfg.get('trainer')!r}: this config schema is the continual trainer's.",
+        p,
+    )
     _check(
         d.source in datasets.SOURCES,
         f"data.source={d.source!r} is unknown; use one of {', '.join(datasets.SOURCES)}.",

@@ -1,9 +1,11 @@
-"""Entry point of a continual fine-tuning run.
+"""Entry point of every run: continual fine-tuning, or training from scratch.
 
     python -m aepg_jax.main --config=configs/<name>.py[:args] --workdir=DIR [--config.a.b=value]
 
 The config file's `get_config(arg)` builds the config, which is locked (an override of an
-unknown key or of the wrong type is an error), validated (`config_lib.validate`), and saved as
+unknown key or of the wrong type is an error). Its `trainer` field picks the trainer in
+`TRAINERS` (`continual`: `continual/loop.py`; `scratch`: `scratch/trainer.py`), whose validate
+function checks it; it is then saved as
 `DIR/config.json`. Re-running with the same config and workdir resumes from the newest
 checkpoint; a different config on an existing run's workdir is refused. Multi-host: pass
 `--config.distributed=True` (or set JAX_COORDINATOR_ADDRESS) to call
@@ -23,6 +25,8 @@ from ml_collections import config_flags
 from aepg_jax import config_lib
 from aepg_jax.checkpoints import augreg
 from aepg_jax.continual import loop
+from aepg_jax.scratch import config as scratch_config
+from aepg_jax.scratch import trainer as scratch_trainer
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, configs/<name>.py[:args].", lock_config=True
@@ -34,6 +38,20 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 # Errors that mean "the user must change something": shown as one line, not a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError, augreg.CheckpointError)
+
+# config.trainer -> (validate(cfg, num_devices), run(cfg, workdir)).
+TRAINERS = {
+    "continual": (config_lib.validate, loop.run),
+    "scratch": (scratch_config.validate, scratch_trainer.run),
+}
+
+
+def select_trainer(cfg):
+    """The (validate, run) pair of `cfg.trainer` (configs without the field are continual)."""
+    name = cfg.get("trainer", "continual")
+    if name not in TRAINERS:
+        raise ValueError(f"trainer={name!r} is unknown; use one of {', '.join(TRAINERS)}.")
+    return TRAINERS[name]
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -53,6 +71,7 @@ def check_or_save_config(cfg, workdir: str) -> None:
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
+        saved.setdefault("trainer", "continual")  # saved before configs had the field
         a, b = _flatten(saved), _flatten(current)
         diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
         if diff:
@@ -79,9 +98,10 @@ def main(argv: list[str]) -> None:
         jax.distributed.initialize()
     workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
     try:
-        config_lib.validate(cfg, jax.device_count())
+        validate, run = select_trainer(cfg)
+        validate(cfg, jax.device_count())
         check_or_save_config(cfg, workdir)
-        loop.run(cfg, workdir)
+        run(cfg, workdir)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -209,3 +209,57 @@ def test_transform(images: Array, out_size: int, normalize_mode: str = "minus_on
 
 
 test_transform.__test__ = False  # not a pytest test, even when imported into a test module
+
+
+# ------------------------------------------------------------- CIFAR-style (train from scratch)
+
+
+def random_crop_padded(key: Array, images: Array, pad: int) -> Array:
+    """torchvision `RandomCrop(S, padding=pad)` per sample (zero padding): (B, S, S, C) -> same.
+
+    Each image is zero-padded by `pad` pixels on every side and an `S x S` window is cut at an
+    offset drawn uniformly from `{0, ..., 2 pad}` in each direction. Any dtype; `pad = 0` is the
+    identity.
+    """
+    chex.assert_rank(images, 4)
+    if pad < 0:
+        raise ValueError(f"pad must be >= 0; got {pad}.")
+    if pad == 0:
+        return images
+    batch, height, width, channels = images.shape
+    padded = jnp.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    offsets = jax.random.randint(key, (batch, 2), 0, 2 * pad + 1)
+
+    def one(image: Array, offset: Array) -> Array:
+        return jax.lax.dynamic_slice(image, (offset[0], offset[1], 0), (height, width, channels))
+
+    out = jax.vmap(one)(padded, offsets)
+    chex.assert_equal_shape((out, images))
+    return out
+
+
+def standardize(images: Array, mean: tuple[float, ...], std: tuple[float, ...]) -> Array:
+    """`(x / 255 - mean) / std` per channel (torchvision `ToTensor` + `Normalize`): float32."""
+    chex.assert_rank(images, 4)
+    channels = images.shape[-1]
+    if len(mean) != channels or len(std) != channels:
+        raise ValueError(f"mean {mean} and std {std} need {channels} values (one per channel).")
+    x = jnp.asarray(images).astype(jnp.float32) / 255.0
+    return (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
+
+
+def cifar_train_augment(
+    key: Array,
+    images: Array,
+    *,
+    pad: int,
+    flip_prob: float,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+) -> Array:
+    """`RandomCrop(S, padding=pad)` + `RandomHorizontalFlip(flip_prob)` + `standardize`:
+    uint8 (B, S, S, C) -> float32 (B, S, S, C)."""
+    chex.assert_type(images, jnp.uint8)
+    k_crop, k_flip = jax.random.split(key)
+    x = random_flip(k_flip, random_crop_padded(k_crop, images, pad), flip_prob)
+    return standardize(x, mean, std)

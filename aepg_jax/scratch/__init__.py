@@ -1,0 +1,1 @@
+"""Training from scratch (paper Table 4): ResNet on CIFAR with a fixed CE/EPG mix."""

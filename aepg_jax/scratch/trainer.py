@@ -1,0 +1,326 @@
+"""Supervised training from random initialisation (paper Table 4, Fig. 4; SPEC §9).
+
+`run(cfg, workdir)`: ResNet + SGD with momentum + step lr decay, the loss from the registry
+(`mix` with `loss.alpha`, or any other; `aepg`'s alpha_t anneals over the whole run). Every
+epoch: train, evaluate on the test split, log train/test accuracy and mean output entropy. An
+epoch is `floor(N / batch_size)` steps: the last partial batch is dropped (static shapes), so
+`N mod batch_size` random examples are skipped per epoch (CIFAR, 256: 80 of 50,000).
+
+Devices: one 1-D mesh over all devices; batches are sharded over it, the state replicated, and
+the step is a plain `jax.jit`: BatchNorm statistics are over the global batch (sync-BN), so any
+device count gives the same result up to float reduction order. `num_seeds = S > 1`: the state
+has a leading seed axis and the steps are `jax.vmap`-ed over it; seed i trains exactly as a
+single run of seed `seed + i` (its own init, data order and augmentation).
+
+Checkpoints (Orbax, `<workdir>/checkpoints/<step>/`) after every `checkpoint_every_epochs`
+epochs and the last: parameters, BatchNorm statistics, SGD momentum, step, RNG, and the
+per-epoch history. Re-running resumes after the newest one, with identical results.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm
+
+from aepg_jax import config_lib, losses, schedules
+from aepg_jax.continual import checkpointing, report
+from aepg_jax.data import loader
+from aepg_jax.models import resnet
+from aepg_jax.scratch import config as scratch_config
+from aepg_jax.scratch import data as scratch_data
+from aepg_jax.scratch import results as scratch_results
+from aepg_jax.scratch import train_step as ts
+
+
+def steps_per_epoch(num_examples: int, cfg: ml_collections.ConfigDict) -> int:
+    """`floor(N / batch_size)` (last partial batch dropped), capped by `max_steps_per_epoch`."""
+    steps = loader.num_batches(num_examples, cfg.optim.batch_size, drop_last=True)
+    if steps == 0:
+        raise ValueError(
+            f"The training split has {num_examples} examples, fewer than "
+            f"optim.batch_size={cfg.optim.batch_size}; lower optim.batch_size."
+        )
+    return min(steps, cfg.max_steps_per_epoch or steps)
+
+
+def _seed_config(cfg: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
+    d = report.to_jsonable(cfg.to_dict())
+    d["seed"], d["num_seeds"] = int(seed), 1
+    return d
+
+
+class _Run:
+    """State and bookkeeping of one `run` call (the jitted functions stay pure)."""
+
+    def __init__(self, cfg: ml_collections.ConfigDict, workdir: str):
+        self.cfg, self.workdir = cfg, workdir
+        self.mesh = loader.data_mesh()
+        scratch_config.validate(cfg, self.mesh.devices.size)
+        self.is_main = jax.process_index() == 0
+        self.data = scratch_data.prepare_data(cfg)
+        self.seeds = tuple(cfg.seed + i for i in range(cfg.num_seeds))
+        self.vmapped = len(self.seeds) > 1
+        self.replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        self.model = resnet.build(scratch_config.resnet_spec(cfg), self.data.num_classes)
+        self.steps_per_epoch = steps_per_epoch(len(self.data.train_indices), cfg)
+        self.total_steps = cfg.optim.epochs * self.steps_per_epoch
+        o = cfg.optim
+        self.tx, self.lr_schedule = ts.make_optimizer(
+            o.learning_rate,
+            o.momentum,
+            o.nesterov,
+            o.weight_decay,
+            tuple(o.milestones),
+            o.lr_decay,
+            self.steps_per_epoch,
+        )
+        step = ts.make_train_step(
+            self.model.apply,
+            losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
+            losses.is_annealed(cfg.loss.name),
+            schedules.get_schedule(
+                cfg.schedule.name, self.total_steps, **config_lib.schedule_kwargs(cfg)
+            ),
+            self.tx,
+            self.lr_schedule,
+            ts.AugmentConfig(cfg.data.pad, cfg.data.flip_prob, self.data.mean, self.data.std),
+        )
+        self.train_step = jax.jit(self.lift(step, (0, 0)), donate_argnums=(0,))
+        evaluate = ts.make_eval_step(self.model.apply, self.data.mean, self.data.std)
+        self.eval_step = jax.jit(self.lift(evaluate, (0, 0, None)))
+        self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+        self.seed_dirs = (
+            [os.path.join(workdir, f"seed_{s}") for s in self.seeds] if self.vmapped else [workdir]
+        )
+        self.writers = [report.MetricsWriter(d, enabled=self.is_main) for d in self.seed_dirs]
+        self.history: list[list[dict[str, float]]] = [[] for _ in self.seeds]
+        self.elapsed_before = 0.0
+
+    # -- the seed axis -------------------------------------------------------------------------
+
+    def lift(self, fn: Callable, in_axes: tuple) -> Callable:
+        """`fn` of one seed -> `fn` of the run (vmapped over the seed axis when S > 1)."""
+        return jax.vmap(fn, in_axes=in_axes) if self.vmapped else fn
+
+    def per_seed(self, x: Any) -> np.ndarray:
+        """Host copy of a per-seed scalar: shape (S,)."""
+        return np.asarray(jax.device_get(x), np.float64).reshape(len(self.seeds))
+
+    def init_state(self) -> ts.TrainState:
+        """Fresh per-seed state: init from fold_in(key, 0), step keys from fold_in(key, 1)."""
+        states = []
+        for seed in self.seeds:
+            key = jax.random.PRNGKey(seed)
+            variables = resnet.init_variables(
+                self.model, jax.random.fold_in(key, 0), self.cfg.data.image_size
+            )
+            params = variables["params"]
+            states.append(
+                ts.TrainState(
+                    params=params,
+                    batch_stats=variables["batch_stats"],
+                    opt_state=self.tx.init(params),
+                    step=jnp.zeros([], jnp.int32),
+                    rng=jax.random.fold_in(key, 1),
+                )
+            )
+        state = jax.tree.map(lambda *xs: jnp.stack(xs), *states) if self.vmapped else states[0]
+        return jax.device_put(state, self.replicated)
+
+    # -- one epoch -----------------------------------------------------------------------------
+
+    def train_epoch(self, state: ts.TrainState, epoch: int) -> tuple[ts.TrainState, dict]:
+        """Trains one epoch; returns the state and per-seed (S,) train loss, acc %, entropy."""
+        cfg, n = self.cfg, self.steps_per_epoch
+        batches = loader.iterate(
+            self.data.train.images,
+            self.data.train.labels,
+            self.data.train_indices,
+            cfg.optim.batch_size,
+            self.mesh,
+            train=True,
+            seed=list(self.seeds) if self.vmapped else self.seeds[0],
+            epoch=epoch,
+        )
+        sums, last_log, last_time = None, 0, time.time()
+        bar = tqdm.tqdm(
+            total=n,
+            desc=f"epoch {epoch + 1}/{cfg.optim.epochs}",
+            unit="step",
+            leave=False,
+            disable=not self.is_main,
+            dynamic_ncols=True,
+        )
+        for i, batch in zip(range(n), batches, strict=False):  # n may cap the epoch
+            state, m = self.train_step(state, batch)
+            keep = {k: m[k] for k in ("loss", "correct", "entropy_sum")}
+            sums = keep if sums is None else jax.tree.map(jnp.add, sums, keep)
+            bar.update(1)
+            step = epoch * n + i + 1
+            if step % cfg.log_every_steps == 0 or i == n - 1:
+                now = time.time()
+                ips = (i + 1 - last_log) * cfg.optim.batch_size / max(now - last_time, 1e-9)
+                last_log, last_time = i + 1, now
+                host = {k: self.per_seed(m[k]) for k in ("loss", "alpha", "lr")}
+                for s, writer in enumerate(self.writers):
+                    writer.write(
+                        "train", step=step, epoch=epoch, images_per_s=ips,
+                        **{k: float(v[s]) for k, v in host.items()},
+                    )  # fmt: skip
+                bar.set_postfix(loss=f"{np.mean(host['loss']):.3f}", lr=f"{host['lr'][0]:.3g}")
+        bar.close()
+        batches.close()
+        examples = n * cfg.optim.batch_size
+        host = {k: self.per_seed(v) for k, v in sums.items()}
+        return state, {
+            "train_loss": host["loss"] / n,
+            "train_acc": 100.0 * host["correct"] / examples,
+            "train_entropy": host["entropy_sum"] / examples,
+        }
+
+    def evaluate(self, state: ts.TrainState) -> dict[str, np.ndarray]:
+        """Per-seed (S,) test accuracy (%) and mean entropy over the whole test split."""
+        test = self.data.test
+        sums = None
+        for batch in loader.iterate(
+            test.images,
+            test.labels,
+            np.arange(len(test)),
+            self.cfg.eval.batch_size,
+            self.mesh,
+            train=False,
+        ):
+            out = self.eval_step(state.params, state.batch_stats, batch)
+            sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+        host = {k: self.per_seed(v) for k, v in sums.items()}
+        return {
+            "test_acc": 100.0 * host["correct"] / host["count"],
+            "test_entropy": host["entropy_sum"] / host["count"],
+        }
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def meta(self, epochs_done: int) -> dict[str, Any]:
+        return {
+            "epochs_done": epochs_done,
+            "seeds": list(self.seeds),
+            "history": self.history,
+            "elapsed_s": self.elapsed_before + time.time() - self.started,
+        }
+
+    def save(self, state: ts.TrainState, epochs_done: int) -> None:
+        step = epochs_done * self.steps_per_epoch
+        self.ckpt.save(step, state, None, self.meta(epochs_done))
+
+    def restore(self) -> tuple[ts.TrainState, int]:
+        """(state, epochs done) of the newest checkpoint, or a fresh state and 0."""
+        restored = self.ckpt.restore_latest(lambda meta: (self.init_state(), None))
+        if restored is None:
+            return self.init_state(), 0
+        state, _, meta = restored
+        if meta["seeds"] != list(self.seeds):
+            raise ValueError(
+                f"The checkpoints in {self.ckpt.directory} hold seeds {meta['seeds']}, this run "
+                f"trains {list(self.seeds)}; use a new workdir."
+            )
+        self.history = meta["history"]
+        self.elapsed_before = meta["elapsed_s"]
+        if self.is_main:
+            tqdm.tqdm.write(
+                f"resuming from {self.ckpt.directory} after epoch {meta['epochs_done']}"
+            )
+        return jax.device_put(state, self.replicated), meta["epochs_done"]
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def record_epoch(self, epoch: int, train: dict, test: dict, state: ts.TrainState) -> None:
+        """Appends the epoch to each seed's history and metrics.jsonl; raises on a NaN loss."""
+        bad = ~np.isfinite(train["train_loss"])
+        if bad.any():
+            seed = self.seeds[int(np.argmax(bad))]
+            raise FloatingPointError(
+                f"Non-finite training loss in epoch {epoch + 1} (seed {seed}). Lower "
+                "optim.learning_rate or check the data and loss settings."
+            )
+        step = (epoch + 1) * self.steps_per_epoch
+        lr = float(self.lr_schedule(step - 1))
+        for s, writer in enumerate(self.writers):
+            row = {"epoch": epoch, **{k: float(v[s]) for k, v in (train | test).items()}}
+            self.history[s].append(row)
+            writer.write("epoch", step=step, lr=lr, **row)
+        if self.is_main:
+            tqdm.tqdm.write(
+                f"epoch {epoch + 1}: test acc "
+                + " ".join(f"{v:.2f}" for v in test["test_acc"])
+                + "%, test entropy "
+                + " ".join(f"{v:.3f}" for v in test["test_entropy"])
+            )
+
+    def run(self) -> dict[str, Any]:
+        self.started = time.time()
+        state, done = self.restore()
+        epochs = self.cfg.optim.epochs
+        for epoch in range(done, epochs):
+            state, train = self.train_epoch(state, epoch)
+            self.record_epoch(epoch, train, self.evaluate(state), state)
+            if (epoch + 1) % self.cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs:
+                self.save(state, epoch + 1)
+        self.ckpt.wait()
+        return self.report(self.elapsed_before + time.time() - self.started)
+
+    def report(self, wall: float) -> dict[str, Any]:
+        """Writes each seed's results.json and curves.png (and results_seeds.json)."""
+        extra = {
+            "dataset": self.data.name,
+            "num_classes": self.data.num_classes,
+            "num_params": resnet.count_params(
+                scratch_config.resnet_spec(self.cfg),
+                self.data.num_classes,
+                self.cfg.data.image_size,
+            ),
+            "steps_per_epoch": self.steps_per_epoch,
+            "train_examples": len(self.data.train_indices),
+            "normalization": {"mean": self.data.mean, "std": self.data.std},
+        }
+        per_seed = [
+            scratch_results.build_results(h, _seed_config(self.cfg, s), s, extra, wall)
+            for h, s in zip(self.history, self.seeds, strict=True)
+        ]
+        if self.is_main:
+            for results, directory in zip(per_seed, self.seed_dirs, strict=True):
+                report.write_results(directory, results)
+                scratch_results.plot_curves(
+                    results, os.path.join(directory, scratch_results.PLOT_FILE)
+                )
+                print(scratch_results.summary_line(results))
+        if not self.vmapped:
+            return per_seed[0]
+        config = report.to_jsonable(self.cfg.to_dict())
+        summary = scratch_results.seeds_summary(per_seed, config, wall)
+        if self.is_main:
+            report.write_results(self.workdir, summary, report.SEEDS_RESULTS_FILE)
+        return summary
+
+    def close(self) -> None:
+        self.ckpt.close()
+        for writer in self.writers:
+            writer.close()
+
+
+def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Runs (or resumes) the from-scratch experiment `cfg` in `workdir`; returns its results:
+    results.json's dict for one seed, results_seeds.json's for `num_seeds > 1`."""
+    os.makedirs(workdir, exist_ok=True)
+    runner = _Run(cfg, workdir)
+    try:
+        return runner.run()
+    finally:
+        runner.close()
