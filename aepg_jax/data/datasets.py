@@ -3,8 +3,8 @@
 * `digits`: scikit-learn's 8x8 digits, offline (in its wheel); `name`, `data_dir` ignored.
 * `fashion_mnist`: Debian's `dataset-fashion-mnist` IDX files; `data_dir` = another IDX dir.
 * `folder`: `data_dir/<class>/*.jpg` (CLRS25, raw ImageNet-R); `name` labels the caches.
-* `tfds`: TFDS `array_record` data (`name` in imagenet_r, food101, caltech_birds2011, cifar100,
-  fashion_mnist); `data_dir` = the TFDS data dir (default: TFDS's own).
+* `tfds`: TFDS `array_record` data (`name` in imagenet_r, food101, caltech_birds2011, cifar10,
+  cifar100, fashion_mnist); `data_dir` = the TFDS data dir (default: TFDS's own).
 
 `split_seed` draws the stratified 80/20 split of `digits` and of folders without
 `train/`/`test/` sub-folders.

@@ -7,6 +7,7 @@ Supported datasets (`TFDS_DATASETS`) and the TFDS splits that become our train /
 | `imagenet_r`        | `test[:80%]` | `test[80%:]` | 200 (the ids used, of 1000, -> 0..199)   |
 | `food101`           | `train`      | `validation` | 101                                      |
 | `caltech_birds2011` | `train`      | `test`       | 200                                      |
+| `cifar10`           | `train`      | `test`       | 10                                       |
 | `cifar100`          | `train`      | `test`       | 100 (the fine `label`)                   |
 | `fashion_mnist`     | `train`      | `test`       | 10 (grayscale, replicated to 3 channels) |
 
@@ -93,6 +94,7 @@ TFDS_DATASETS: Mapping[str, TfdsSpec] = types.MappingProxyType(
                 200,
                 image_features=("image", "segmentation_mask"),
             ),
+            TfdsSpec("cifar10", "train", "test", 10),
             TfdsSpec("cifar100", "train", "test", 100),
             TfdsSpec("fashion_mnist", "train", "test", 10),
         )

@@ -116,24 +116,23 @@ class _Run:
 
     def init_state(self) -> ts.TrainState:
         """Fresh per-seed state: init from fold_in(key, 0), step keys from fold_in(key, 1)."""
-        states = []
-        for seed in self.seeds:
-            key = jax.random.PRNGKey(seed)
-            variables = resnet.init_variables(
-                self.model, jax.random.fold_in(key, 0), self.cfg.data.image_size
+        keys = jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
+        variables = resnet.init_seeds(
+            self.model, jax.vmap(jax.random.fold_in, (0, None))(keys, 0), self.cfg.data.image_size
+        )
+        state = jax.vmap(
+            lambda params, stats, key: ts.TrainState(
+                params=params,
+                batch_stats=stats,
+                opt_state=self.tx.init(params),
+                step=jnp.zeros([], jnp.int32),
+                rng=jax.random.fold_in(key, 1),
             )
-            params = variables["params"]
-            states.append(
-                ts.TrainState(
-                    params=params,
-                    batch_stats=variables["batch_stats"],
-                    opt_state=self.tx.init(params),
-                    step=jnp.zeros([], jnp.int32),
-                    rng=jax.random.fold_in(key, 1),
-                )
-            )
-        state = jax.tree.map(lambda *xs: jnp.stack(xs), *states) if self.vmapped else states[0]
-        return jax.device_put(state, self.replicated)
+        )(variables["params"], variables["batch_stats"], keys)
+        if not self.vmapped:
+            state = jax.tree.map(lambda x: x[0], state)
+        # Copies: the train step donates its state.
+        return jax.device_put(jax.tree.map(jnp.copy, state), self.replicated)
 
     # -- one epoch -----------------------------------------------------------------------------
 
@@ -222,9 +221,10 @@ class _Run:
 
     def restore(self) -> tuple[ts.TrainState, int]:
         """(state, epochs done) of the newest checkpoint, or a fresh state and 0."""
-        restored = self.ckpt.restore_latest(lambda meta: (self.init_state(), None))
+        fresh = self.init_state()
+        restored = self.ckpt.restore_latest(lambda meta: (fresh, None))
         if restored is None:
-            return self.init_state(), 0
+            return fresh, 0
         state, _, meta = restored
         if meta["seeds"] != list(self.seeds):
             raise ValueError(

@@ -1,0 +1,249 @@
+"""End-to-end tests of the from-scratch trainer (aepg_jax/scratch) on a tiny ResNet.
+
+Runs use scikit-learn's digits at 8 px (or a tiny CIFAR written as array_record by the test),
+a bottleneck ResNet of width 4 and a few steps per epoch. A run killed with SIGKILL and resumed
+ends exactly like an uninterrupted one; 8 forced CPU devices match one device; seed i of a
+vmapped multi-seed run matches the single run of that seed.
+"""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from PIL import Image
+
+from aepg_jax import config_lib, main
+from aepg_jax.scratch import config as scratch_config
+from aepg_jax.scratch import data as scratch_data
+from aepg_jax.scratch import trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CURVES = ("train_loss", "train_acc", "train_entropy", "test_acc", "test_entropy")
+
+
+def tiny_config(cache_dir, **overrides):
+    c = scratch_config.base_config("resnet_small")
+    c.model.update(dict(block="bottleneck", stage_sizes=(1, 2), width=4))
+    c.data.update(dict(source="digits", name="digits", image_size=8, pad=1))
+    c.data.cache_dir = str(cache_dir)
+    c.optim.update(dict(batch_size=64, epochs=3, milestones=(2,), learning_rate=0.05))
+    c.max_steps_per_epoch = 3
+    c.log_every_steps = 2
+    c.eval.batch_size = 128
+    c.checkpoint_every_epochs = 1
+    for key, value in overrides.items():
+        target = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            target = target[p]
+        target[leaf] = value
+    return c
+
+
+def _records(path, kind):
+    return [r for r in map(json.loads, open(path)) if r["type"] == kind]
+
+
+def test_runs_end_to_end_and_writes_its_reports(tmp_path):
+    cfg = tiny_config(tmp_path / "cache", **{"loss.alpha": 0.2})
+    results = trainer.run(cfg, str(tmp_path / "run"))
+    saved = json.load(open(tmp_path / "run" / "results.json"))
+    assert saved["final_test_acc"] == pytest.approx(results["final_test_acc"])
+    assert saved["epochs"] == [1, 2, 3] and saved["steps_per_epoch"] == 3
+    for key in CURVES:
+        assert len(saved[key]) == 3 and all(np.isfinite(saved[key])), key
+    assert saved["train_loss"][-1] < saved["train_loss"][0]  # it learns (9 steps: no more)
+    assert 0 < saved["final_test_entropy"] < np.log(10)
+    assert saved["config"]["loss"]["alpha"] == 0.2 and saved["train_examples"] == 1437
+    assert (tmp_path / "run" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    train = _records(tmp_path / "run" / "metrics.jsonl", "train")
+    epochs = _records(tmp_path / "run" / "metrics.jsonl", "epoch")
+    assert [r["step"] for r in train] == [2, 3, 4, 6, 8, 9]  # every 2 steps and epoch ends
+    assert [r["lr"] for r in train] == pytest.approx([0.05] * 4 + [0.005] * 2)  # milestone 2
+    assert [r["epoch"] for r in epochs] == [0, 1, 2] and [r["step"] for r in epochs] == [3, 6, 9]
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["3", "6", "9"]
+    # A re-run of the finished run trains nothing and reports the same.
+    again = trainer.run(cfg, str(tmp_path / "run"))
+    assert again["test_acc"] == results["test_acc"]
+    assert len(_records(tmp_path / "run" / "metrics.jsonl", "train")) == len(train)
+
+
+def test_annealed_aepg_over_the_whole_run(tmp_path):
+    cfg = tiny_config(tmp_path / "cache", **{"loss.name": "aepg", "log_every_steps": 1})
+    trainer.run(cfg, str(tmp_path / "run"))
+    alphas = [r["alpha"] for r in _records(tmp_path / "run" / "metrics.jsonl", "train")]
+    assert len(alphas) == 9 and alphas == sorted(alphas, reverse=True)
+    assert alphas[0] == pytest.approx(1 / (1 + np.exp(-6)), rel=1e-5)  # sigmoid(6) at step 0
+    assert alphas[-1] < 0.02  # near sigmoid(-6) at the end of the run, not of an epoch
+
+
+def test_vmapped_seeds_match_single_runs(tmp_path):
+    cfg = tiny_config(tmp_path / "cache", **{"num_seeds": 2, "optim.epochs": 2})
+    summary = trainer.run(cfg, str(tmp_path / "multi"))
+    assert summary["seeds"] == [0, 1]
+    assert (tmp_path / "multi" / "results_seeds.json").exists()
+    single = trainer.run(
+        tiny_config(tmp_path / "cache", seed=1, **{"optim.epochs": 2}), str(tmp_path / "s1")
+    )
+    seed1 = json.load(open(tmp_path / "multi" / "seed_1" / "results.json"))
+    for key in CURVES:
+        np.testing.assert_allclose(seed1[key], single[key], rtol=1e-4, atol=1e-4, err_msg=key)
+    assert seed1["config"] == single["config"]
+    assert summary["metrics"]["final_test_acc"]["values"][1] == seed1["final_test_acc"]
+
+
+def test_validation_errors_name_the_field(tmp_path):
+    cfg = tiny_config(
+        tmp_path,
+        **{"optim.milestones": (225, 150), "loss.alpha": 1.5, "model.block": "wide"},
+    )
+    with pytest.raises(ValueError) as err:
+        scratch_config.validate(cfg)
+    text = str(err.value)
+    assert "optim.milestones=(225, 150) must be increasing" in text
+    assert "alpha=1.5 is invalid" in text and "model.block='wide'" in text
+    with pytest.raises(ValueError, match=r"optim.batch_size=64 must be a positive multiple"):
+        scratch_config.validate(tiny_config(tmp_path), num_devices=3)
+    with pytest.raises(ValueError, match=r"fewer than optim.batch_size=5000"):
+        trainer.run(tiny_config(tmp_path, **{"optim.batch_size": 5000}), str(tmp_path / "r"))
+
+
+def test_main_dispatches_on_the_trainer_field(tmp_path):
+    assert main.select_trainer(tiny_config(tmp_path)) == (scratch_config.validate, trainer.run)
+    continual = config_lib.base_config("vit_tiny")
+    assert main.select_trainer(continual) == (config_lib.validate, main.loop.run)
+    continual.trainer = "gan"
+    with pytest.raises(
+        ValueError, match=r"trainer='gan' is unknown; use one of continual, scratch"
+    ):
+        main.select_trainer(continual)
+
+
+def _write_cifar(data_dir, dataset, sizes):
+    """A tiny real `cifar10` / `cifar100` in array_record format (PNG bytes: no TensorFlow)."""
+    rng = np.random.default_rng(0)
+    written = {s: rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8) for s, n in sizes.items()}
+    base = {
+        "cifar10": tfds.image_classification.Cifar10,
+        "cifar100": tfds.image_classification.Cifar100,
+    }[dataset]
+
+    def examples(split):
+        for i, image in enumerate(written[split]):
+            buffer = io.BytesIO()
+            Image.fromarray(image).save(buffer, format="png")
+            record = {"id": f"{split}_{i}", "image": buffer.getvalue(), "label": i % 10}
+            if dataset == "cifar100":
+                record["coarse_label"] = i % 20
+            yield i, record
+
+    class TinyCifar(base, skip_registration=True):
+        name = dataset
+
+        def _split_generators(self, dl_manager):
+            return {split: examples(split) for split in sizes}
+
+    TinyCifar(data_dir=os.fspath(data_dir), file_format="array_record").download_and_prepare()
+    return written
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_tfds_cifar_from_array_record_trains(tmp_path, name):
+    written = _write_cifar(tmp_path / "tfds", name, {"train": 40, "test": 12})
+    cfg = tiny_config(
+        tmp_path / "cache",
+        **{
+            "data.source": "tfds",
+            "data.name": name,
+            "data.data_dir": str(tmp_path / "tfds"),
+            "data.image_size": 32,
+            "data.pad": 4,
+            "optim.batch_size": 16,
+            "optim.epochs": 1,
+            "max_steps_per_epoch": 2,
+        },
+    )
+    data = scratch_data.prepare_data(cfg)
+    assert data.num_classes == (10 if name == "cifar10" else 100)
+    assert data.train.images.shape == (40, 32, 32, 3) and len(data.test) == 12
+    pixels = written["train"].reshape(-1, 3) / 255.0
+    np.testing.assert_allclose(data.mean, pixels.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(data.std, pixels.std(0), rtol=1e-9)
+    if name == "cifar10":  # one run is enough to show the data reach the trainer
+        results = trainer.run(cfg, str(tmp_path / "run"))
+        assert results["num_classes"] == 10 and len(results["test_acc"]) == 1
+
+
+RUN_SCRIPT = textwrap.dedent("""
+    import json, sys, pathlib
+    sys.path.insert(0, {tests!r})
+    from test_scratch import tiny_config
+    from aepg_jax.scratch import trainer
+    cfg = tiny_config(pathlib.Path(sys.argv[1]), **json.loads(sys.argv[3]))
+    trainer.run(cfg, sys.argv[2])
+""")
+
+
+def _run_subprocess(cache, workdir, overrides, env=None, wait=True):
+    script = RUN_SCRIPT.format(tests=os.path.join(REPO, "tests"))
+    cmd = [sys.executable, "-c", script, str(cache), str(workdir), json.dumps(overrides)]
+    env = dict(os.environ, **(env or {}))
+    if wait:
+        return subprocess.run(
+            cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=True
+        )
+    return subprocess.Popen(
+        cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
+    overrides = {"optim.epochs": 5, "loss.name": "mix", "loss.alpha": 0.5}
+    cache = tmp_path / "cache"
+    _run_subprocess(cache, tmp_path / "straight", overrides)
+    reference = json.load(open(tmp_path / "straight" / "results.json"))
+
+    killed = tmp_path / "killed"
+    proc = _run_subprocess(cache, killed, overrides, wait=False)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:  # kill after epoch 2's checkpoint
+        ckpts = killed / "checkpoints"
+        if ckpts.exists() and any(s.isdigit() and int(s) >= 6 for s in os.listdir(ckpts)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "results.json").exists()
+
+    _run_subprocess(cache, killed, overrides)  # resume
+    resumed = json.load(open(killed / "results.json"))
+    for key in CURVES:
+        assert resumed[key] == reference[key], key  # bit-identical, BN state and momentum too
+    steps = {r["step"]: r["loss"] for r in _records(killed / "metrics.jsonl", "train")}
+    ref = {r["step"]: r["loss"] for r in _records(tmp_path / "straight" / "metrics.jsonl", "train")}
+    assert steps == ref
+
+
+def test_8_devices_match_one_device(tmp_path):
+    """Sharded batch, replicated state, plain jit: BatchNorm over the global batch (sync-BN)."""
+    overrides = {"optim.epochs": 2, "num_seeds": 2}
+    results = {}
+    for devices in (1, 8):
+        env = {
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+            "JAX_PLATFORMS": "cpu",
+        }
+        _run_subprocess(tmp_path / "cache", tmp_path / f"d{devices}", overrides, env=env)
+        results[devices] = json.load(open(tmp_path / f"d{devices}" / "results_seeds.json"))
+    for a, b in zip(results[1]["per_seed"], results[8]["per_seed"], strict=True):
+        for key in CURVES:
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-3, err_msg=key)
