@@ -9,6 +9,7 @@ vmapped multi-seed run matches the single run of that seed.
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ CURVES = ("train_loss", "train_acc", "train_entropy", "test_acc", "test_entropy"
 
 def tiny_config(cache_dir, **overrides):
     c = scratch_config.base_config("resnet_small")
-    c.model.update(dict(block="bottleneck", stage_sizes=(1, 2), width=4))
+    c.model.update(dict(block="basic", stage_sizes=(1,), width=4))
     c.data.update(dict(source="digits", name="digits", image_size=8, pad=1))
     c.data.cache_dir = str(cache_dir)
     c.optim.update(dict(batch_size=64, epochs=3, milestones=(2,), learning_rate=0.05))
@@ -70,34 +71,34 @@ def test_runs_end_to_end_and_writes_its_reports(tmp_path):
     assert [r["lr"] for r in train] == pytest.approx([0.05] * 4 + [0.005] * 2)  # milestone 2
     assert [r["epoch"] for r in epochs] == [0, 1, 2] and [r["step"] for r in epochs] == [3, 6, 9]
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["3", "6", "9"]
+    # Lose the last checkpoint and the results (a crash in epoch 3): the re-run resumes from
+    # epoch 2's checkpoint (BN statistics, momentum, step, RNG) and ends bit-identically.
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "9")
+    os.remove(tmp_path / "run" / "results.json")
+    resumed = trainer.run(cfg, str(tmp_path / "run"))
+    for key in CURVES:
+        assert resumed[key] == results[key], key
     # A re-run of the finished run trains nothing and reports the same.
     again = trainer.run(cfg, str(tmp_path / "run"))
     assert again["test_acc"] == results["test_acc"]
-    assert len(_records(tmp_path / "run" / "metrics.jsonl", "train")) == len(train)
+    assert len(_records(tmp_path / "run" / "metrics.jsonl", "train")) == len(train) + 2
 
 
-def test_annealed_aepg_over_the_whole_run(tmp_path):
-    cfg = tiny_config(tmp_path / "cache", **{"loss.name": "aepg", "log_every_steps": 1})
-    trainer.run(cfg, str(tmp_path / "run"))
-    alphas = [r["alpha"] for r in _records(tmp_path / "run" / "metrics.jsonl", "train")]
-    assert len(alphas) == 9 and alphas == sorted(alphas, reverse=True)
-    assert alphas[0] == pytest.approx(1 / (1 + np.exp(-6)), rel=1e-5)  # sigmoid(6) at step 0
-    assert alphas[-1] < 0.02  # near sigmoid(-6) at the end of the run, not of an epoch
-
-
-def test_vmapped_seeds_match_single_runs(tmp_path):
-    cfg = tiny_config(tmp_path / "cache", **{"num_seeds": 2, "optim.epochs": 2})
-    summary = trainer.run(cfg, str(tmp_path / "multi"))
+def test_vmapped_seeds_match_single_runs_and_aepg_anneals_over_the_run(tmp_path):
+    over = {"optim.epochs": 2, "loss.name": "aepg", "log_every_steps": 1}
+    summary = trainer.run(tiny_config(tmp_path / "c", num_seeds=2, **over), str(tmp_path / "m"))
     assert summary["seeds"] == [0, 1]
-    assert (tmp_path / "multi" / "results_seeds.json").exists()
-    single = trainer.run(
-        tiny_config(tmp_path / "cache", seed=1, **{"optim.epochs": 2}), str(tmp_path / "s1")
-    )
-    seed1 = json.load(open(tmp_path / "multi" / "seed_1" / "results.json"))
+    assert (tmp_path / "m" / "results_seeds.json").exists()
+    single = trainer.run(tiny_config(tmp_path / "c", seed=1, **over), str(tmp_path / "s1"))
+    seed1 = json.load(open(tmp_path / "m" / "seed_1" / "results.json"))
     for key in CURVES:
         np.testing.assert_allclose(seed1[key], single[key], rtol=1e-4, atol=1e-4, err_msg=key)
     assert seed1["config"] == single["config"]
     assert summary["metrics"]["final_test_acc"]["values"][1] == seed1["final_test_acc"]
+    # aEPG: alpha_t = sigmoid(6 (T - 2t) / T) over all T = 6 steps of the run, not per epoch.
+    alphas = [r["alpha"] for r in _records(tmp_path / "s1" / "metrics.jsonl", "train")]
+    expected = [1 / (1 + np.exp(-6 * (6 - 2 * t) / 6)) for t in range(6)]
+    np.testing.assert_allclose(alphas, expected, rtol=1e-5)
 
 
 def test_validation_errors_name_the_field(tmp_path):
@@ -205,6 +206,7 @@ def _run_subprocess(cache, workdir, overrides, env=None, wait=True):
     )
 
 
+@pytest.mark.slow  # three subprocesses (~70 s on 2 cores); CI resumes in-process above
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     overrides = {"optim.epochs": 5, "loss.name": "mix", "loss.alpha": 0.5}
     cache = tmp_path / "cache"
@@ -234,16 +236,16 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
 
 
 def test_8_devices_match_one_device(tmp_path):
-    """Sharded batch, replicated state, plain jit: BatchNorm over the global batch (sync-BN)."""
+    """Sharded batch, replicated state, plain jit: BatchNorm over the global batch (sync-BN).
+
+    This process (one CPU device) against a subprocess with 8 forced CPU devices.
+    """
     overrides = {"optim.epochs": 2, "num_seeds": 2}
-    results = {}
-    for devices in (1, 8):
-        env = {
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-            "JAX_PLATFORMS": "cpu",
-        }
-        _run_subprocess(tmp_path / "cache", tmp_path / f"d{devices}", overrides, env=env)
-        results[devices] = json.load(open(tmp_path / f"d{devices}" / "results_seeds.json"))
-    for a, b in zip(results[1]["per_seed"], results[8]["per_seed"], strict=True):
+    one = trainer.run(tiny_config(tmp_path / "cache", **overrides), str(tmp_path / "d1"))
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    _run_subprocess(tmp_path / "cache", tmp_path / "d8", overrides, env=env)
+    eight = json.load(open(tmp_path / "d8" / "results_seeds.json"))
+    assert eight["per_seed"][0]["num_devices"] == 8
+    for a, b in zip(one["per_seed"], eight["per_seed"], strict=True):
         for key in CURVES:
             np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-3, err_msg=key)

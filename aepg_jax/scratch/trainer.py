@@ -287,6 +287,7 @@ class _Run:
                 self.cfg.data.image_size,
             ),
             "steps_per_epoch": self.steps_per_epoch,
+            "num_devices": int(self.mesh.devices.size),
             "train_examples": len(self.data.train_indices),
             "normalization": {"mean": self.data.mean, "std": self.data.std},
         }
