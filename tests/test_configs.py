@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from aepg_jax import config_args, config_lib, losses, schedules
+from aepg_jax import config_args, config_lib, losses, main, schedules
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
@@ -27,6 +27,8 @@ PAPER = {
     "cub200.py": dict(source="tfds", name="caltech_birds2011", tasks=10, classes=200),
     "clrs25.py": dict(source="folder", name="clrs25", tasks=5, classes=25),
 }
+# Train-from-scratch configs (trainer=scratch, their own schema: aepg_jax/scratch/config.py).
+SCRATCH = {"cifar_scratch.py", "scratch_default.py"}
 TASKS = {"imagenet_r.py": (5, 10, 20), "food101.py": (10,), "cub200.py": (10,), "clrs25.py": (5,)}
 
 # The LaTeX \label of every experiment table and figure: configs/README.md must map each one.
@@ -83,8 +85,15 @@ def build(filename, arg=None):
     return get_config(arg)
 
 
+def validate(cfg):
+    """The validation `aepg_jax.main` applies: that of the config's trainer."""
+    main.select_trainer(cfg)[0](cfg)
+
+
 def fill_user_inputs(cfg):
     """Sets what the user supplies on the command line: checkpoint, folder root."""
+    if cfg.trainer != "continual":
+        return cfg
     if cfg.model.init == "augreg" and not cfg.model.checkpoint:
         cfg.model.checkpoint = DUMMY_CHECKPOINT
     if cfg.data.source == "folder" and not cfg.data.data_dir:
@@ -167,8 +176,9 @@ def test_the_paper_configs_exist():
 @pytest.mark.parametrize("filename", CONFIG_FILES)
 def test_builds_with_defaults_and_validates_once_inputs_are_filled(filename):
     cfg = fill_user_inputs(build(filename))
-    config_lib.validate(cfg)
-    assert cfg.model.init != "random" or filename == "default.py"
+    validate(cfg)
+    assert (cfg.trainer == "scratch") == (filename in SCRATCH)
+    assert filename in SCRATCH or cfg.model.init != "random" or filename == "default.py"
 
 
 @pytest.mark.parametrize("filename", CONFIG_FILES)
@@ -199,7 +209,7 @@ def test_every_documented_run_builds_and_validates():
     assert len(ALL_DOC_RUNS) > 100
     for filename, arg in ALL_DOC_RUNS:
         cfg = fill_user_inputs(build(filename, arg))
-        config_lib.validate(cfg)
+        validate(cfg)
         if filename in PAPER:
             config_lib.validate_against_dataset(cfg, PAPER[filename]["classes"])
             assert_args_applied(cfg, arg)
@@ -207,12 +217,13 @@ def test_every_documented_run_builds_and_validates():
 
 def test_readme_runs_build_and_validate_and_cover_every_paper_config():
     runs = readme_runs()
-    assert {f for f, _ in runs} == set(PAPER)
+    assert {f for f, _ in runs} == set(PAPER) | {"cifar_scratch.py"}
     for filename, arg in runs:
         cfg = fill_user_inputs(build(filename, arg))
-        config_lib.validate(cfg)
-        config_lib.validate_against_dataset(cfg, PAPER[filename]["classes"])
-        assert_args_applied(cfg, arg)
+        validate(cfg)
+        if filename in PAPER:
+            config_lib.validate_against_dataset(cfg, PAPER[filename]["classes"])
+            assert_args_applied(cfg, arg)
     text = (CONFIG_DIR / "README.md").read_text()
     for label in PAPER_LABELS:
         assert f"`{label}`" in text, label
@@ -376,3 +387,40 @@ def test_parse_arg_rejects_untyped_defaults():
         config_args.parse_arg(None, blocks=[0, 1])
     with pytest.raises(TypeError, match="default value, converter"):
         config_args.parse_arg(None, beta=(None, 1.0))
+
+
+# ----------------------------------------------------------------- train from scratch (Table 4)
+
+
+def test_cifar_scratch_follows_spec_section_9():
+    cfg = build("cifar_scratch.py")
+    assert (cfg.trainer, cfg.data.source, cfg.data.name) == ("scratch", "tfds", "cifar100")
+    assert (cfg.model.block, tuple(cfg.model.stage_sizes), cfg.model.width) == (
+        "bottleneck",
+        (3, 4, 6, 3),
+        64,
+    )
+    o = cfg.optim
+    assert (o.learning_rate, o.momentum, o.nesterov, o.weight_decay) == (0.1, 0.9, False, 0.0)
+    assert (tuple(o.milestones), o.lr_decay, o.batch_size, o.epochs) == ((150, 225), 0.1, 256, 350)
+    assert (cfg.data.image_size, cfg.data.pad, cfg.data.flip_prob) == (32, 4, 0.5)
+    assert cfg.data.mean is None and cfg.data.std is None  # per-channel, from the train split
+    assert (cfg.loss.name, cfg.loss.alpha) == ("mix", 0.2)
+
+
+def test_table4_runs_reach_their_fields():
+    """Both datasets x alpha 0 / 0.2 / 0.5 / 1 x 3 seeds, from the docstring and the README."""
+    runs = {arg for f, arg in ALL_DOC_RUNS if f == "cifar_scratch.py" and "dataset=" in arg}
+    readme = {arg for f, arg in readme_runs() if f == "cifar_scratch.py"}
+    assert len(readme) == 24 and readme <= runs
+    for arg in readme:
+        cfg = build("cifar_scratch.py", arg)
+        validate(cfg)
+        values = dict(pair.split("=") for pair in arg.split(","))
+        assert cfg.data.name == values["dataset"] and cfg.seed == int(values["seed"])
+        assert cfg.loss.alpha == float(values["alpha"])
+
+
+def test_cifar_scratch_rejects_other_datasets():
+    with pytest.raises(ValueError, match=r"dataset='mnist': use one of cifar10, cifar100"):
+        build("cifar_scratch.py", "dataset=mnist")

@@ -183,6 +183,32 @@ def test_tfds_cifar_from_array_record_trains(tmp_path, name):
         assert results["num_classes"] == 10 and len(results["test_acc"]) == 1
 
 
+def test_compare_scratch_overlays_groups_of_seeds(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(REPO, "scripts"))
+    import compare_scratch
+
+    def fake(directory, alpha, seed, acc):
+        config = {"seed": seed, "loss": {"name": "mix", "alpha": alpha}}
+        curves = {k: [1.0, 2.0] for k in CURVES} | {"test_acc": [acc / 2, acc]}
+        final = {"final_test_acc": acc, "best_test_acc": acc, "final_test_entropy": 0.5}
+        run = {"config": config, "seed": seed, "epochs": [1, 2], **curves, **final}
+        os.makedirs(directory)
+        json.dump(run, open(os.path.join(directory, "results.json"), "w"))
+
+    fake(tmp_path / "a0-s0", 0.0, 0, 10.0)
+    fake(tmp_path / "a0-s1", 0.0, 1, 20.0)
+    fake(tmp_path / "a1-s0", 1.0, 0, 50.0)
+    out = tmp_path / "fig.png"
+    groups = compare_scratch.main([*map(str, sorted(tmp_path.glob("a*"))), "--out", str(out)])
+    assert {k: len(v) for k, v in groups.items()} == {
+        "name=mix / alpha=0.0": 2,
+        "name=mix / alpha=1.0": 1,
+    }
+    printed = capsys.readouterr().out
+    assert "15.000 +- 7.071" in printed and "50.000 +- -" in printed
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
 RUN_SCRIPT = textwrap.dedent("""
     import json, sys, pathlib
     sys.path.insert(0, {tests!r})
