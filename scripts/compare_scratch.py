@@ -94,6 +94,7 @@ def plot(groups: dict[str, list[dict]], out: str) -> None:
     axes[0].set(xlabel="epoch", ylabel="test accuracy (%)", title="Test accuracy")
     axes[1].set(xlabel="epoch", ylabel="mean output entropy (nats)", title="Test entropy")
     for ax in axes:
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

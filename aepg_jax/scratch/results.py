@@ -96,6 +96,7 @@ def plot_curves(results: Mapping[str, Any], path: str | os.PathLike) -> None:
     ax_a.set(xlabel="epoch", ylabel="accuracy (%)", title="Accuracy")
     ax_h.set(xlabel="epoch", ylabel="mean output entropy H(p) (nats)", title="Entropy")
     for ax in (ax_a, ax_h):
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -241,7 +241,7 @@ class _Run:
 
     # -- the run -------------------------------------------------------------------------------
 
-    def record_epoch(self, epoch: int, train: dict, test: dict, state: ts.TrainState) -> None:
+    def record_epoch(self, epoch: int, train: dict, test: dict) -> None:
         """Appends the epoch to each seed's history and metrics.jsonl; raises on a NaN loss."""
         bad = ~np.isfinite(train["train_loss"])
         if bad.any():
@@ -270,7 +270,7 @@ class _Run:
         epochs = self.cfg.optim.epochs
         for epoch in range(done, epochs):
             state, train = self.train_epoch(state, epoch)
-            self.record_epoch(epoch, train, self.evaluate(state), state)
+            self.record_epoch(epoch, train, self.evaluate(state))
             if (epoch + 1) % self.cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs:
                 self.save(state, epoch + 1)
         self.ckpt.wait()
