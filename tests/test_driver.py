@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from aepg_jax import config_lib, main, pretrain
-from aepg_jax.continual import checkpointing, loop
+from aepg_jax.continual import loop
 from aepg_jax.data import loader
+from aepg_jax.runs import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

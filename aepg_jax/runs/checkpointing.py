@@ -28,6 +28,11 @@ import orbax.checkpoint as ocp
 from aepg_jax import partition
 
 
+class IncompatibleCheckpoint(ValueError):
+    """A readable checkpoint that this run cannot continue (another state layout or seeds):
+    raised by a restore target builder, it stops the restore instead of trying older ones."""
+
+
 def backbone_fingerprint(frozen: dict[str, Any]) -> str:
     """sha256 over the frozen leaves' names, shapes, dtypes and bytes."""
     digest = hashlib.sha256()
@@ -85,6 +90,8 @@ class Checkpointer:
                 if lwf_target is not None:
                     items["lwf"] = ocp.args.StandardRestore(lwf_target)
                 restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+            except IncompatibleCheckpoint:
+                raise
             except Exception as err:  # any failure means: try the previous checkpoint
                 failures.append(f"step {step}: {type(err).__name__}: {err}")
                 logging.warning(
