@@ -70,7 +70,6 @@ from aepg_jax.data import datasets
 from aepg_jax.models import peft as peft_lib
 from aepg_jax.models import vit
 
-METHODS = methods.NAMES
 MODEL_INITS = ("random", "augreg", "pretrained")
 NORMALIZE = ("minus_one_one", "none")
 
@@ -238,7 +237,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
             p,
         )
     _check(o.steps_per_call >= 1, f"optim.steps_per_call={o.steps_per_call} must be >= 1.", p)
-    _check(m.name in METHODS, f"method.name={m.name!r}: use one of {METHODS}.", p)
+    _check(
+        m.name in methods.REGISTRY,
+        f"method.name={m.name!r}: use one of {tuple(methods.REGISTRY)}.",
+        p,
+    )
     for method in methods.REGISTRY.values():  # every method's fields, whichever runs
         p.extend(method.check(cfg))
     _check(cfg.log_every_steps >= 1, f"log_every_steps={cfg.log_every_steps} must be >= 1.", p)

@@ -98,7 +98,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
             results = evaluation.evaluate(r, t, state, book.trackers)
             step = r.axis.first(state.global_step)
             book.record_eval(t, step, results)
-            ckpt.save(step, state, None, book.meta(t, "task_done", 0))
+            ckpt.save(step, {"state": state}, book.meta(t, "task_done", 0))
             ckpt.wait()
             start_step = 0
         ckpt.wait()

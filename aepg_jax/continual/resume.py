@@ -26,7 +26,8 @@ def restore(
     restored = ckpt.restore_latest(lambda meta: state_lib.checkpoint_target(run, meta))
     if restored is None:
         return None, 0, 0
-    state, _, meta = restored
+    items, meta = restored
+    state = items["state"]
     state = jax.device_put(state, run.replicated)
     if meta["backbone_sha256"] != run.fingerprint:
         raise ValueError(

@@ -83,7 +83,7 @@ def fresh_state(
     return jax.device_put(state, run.replicated)
 
 
-def checkpoint_target(run: Run, meta: dict) -> tuple[ts.TrainState, None]:
+def checkpoint_target(run: Run, meta: dict) -> dict[str, ts.TrainState]:
     """A state of the structure of the checkpoint described by `meta` (values arbitrary)."""
     where = os.path.join(run.workdir, "checkpoints")
     if meta.get("state_layout") != STATE_LAYOUT:
@@ -100,4 +100,4 @@ def checkpoint_target(run: Run, meta: dict) -> tuple[ts.TrainState, None]:
     trainable = trainable_for(run, task)
     one = run.method.state_like(task, phase, lambda t: run.axis.unstack(trainable_for(run, t))[0])
     method_state = run.axis.stack([one] * len(run.axis.seeds))
-    return fresh_state(run, trainable, method_state, 0), None
+    return {"state": fresh_state(run, trainable, method_state, 0)}

@@ -60,25 +60,17 @@ class StepConfig:
     normalize: str
 
 
-def make_train_step(
+def _gradient_fns(
     method: Method,
     net: Network,
     loss_fn: Callable[..., jax.Array],
     annealed: bool,
-    schedule: optax.Schedule,
-    optimizer: optax.GradientTransformationExtraArgs,
     trainable_labels: Params,
     task: TaskSpec,
-    cfg: StepConfig,
-) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
-    """`step(state, frozen, batch[, train_peft]) -> (state, metrics)`, not jitted.
-
-    `frozen` holds the backbone leaves. `train_peft` (a bool scalar) overrides the phase flag
-    `state.task_step >= freeze_steps`; a vmapped multi-seed step passes it unbatched so that
-    the head-only `lax.cond` stays a branch instead of becoming a select of both branches.
-    """
-    peft = partition.split(trainable_labels, trainable_labels, (partition.PEFT,))[0]
-    has_peft = bool(jax.tree.leaves(peft))
+) -> tuple[Callable, Callable]:
+    """`(grads_all, grads_head_only)`: `f(trainable, frozen, method_state, images, labels,
+    alpha) -> ((loss, local entropy), grads)`; the second back-propagates through the heads
+    only (zero PEFT gradients), for the head-only epochs."""
     stop = task.offset + task.num_classes
 
     def loss_and_metrics(trainable, frozen, method_state, images, labels, alpha):
@@ -100,6 +92,32 @@ def make_train_step(
             lambda h: loss_and_metrics(partition.merge(h, peft), frozen, *args), has_aux=True
         )(head)
         return (loss, ent), partition.merge(g_head, jax.tree.map(jnp.zeros_like, peft))
+
+    return grads_all, grads_head_only
+
+
+def make_train_step(
+    method: Method,
+    net: Network,
+    loss_fn: Callable[..., jax.Array],
+    annealed: bool,
+    schedule: optax.Schedule,
+    optimizer: optax.GradientTransformationExtraArgs,
+    trainable_labels: Params,
+    task: TaskSpec,
+    cfg: StepConfig,
+) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
+    """`step(state, frozen, batch[, train_peft]) -> (state, metrics)`, not jitted.
+
+    `frozen` holds the backbone leaves. `train_peft` (a bool scalar) overrides the phase flag
+    `state.task_step >= freeze_steps`; a vmapped multi-seed step passes it unbatched so that
+    the head-only `lax.cond` stays a branch instead of becoming a select of both branches.
+    """
+    peft = partition.split(trainable_labels, trainable_labels, (partition.PEFT,))[0]
+    has_peft = bool(jax.tree.leaves(peft))
+    grads_all, grads_head_only = _gradient_fns(
+        method, net, loss_fn, annealed, trainable_labels, task
+    )
 
     def step(
         state: TrainState,

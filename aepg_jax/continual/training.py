@@ -257,8 +257,7 @@ def train_task(
             check_finite(run, state, t, ckpt)
             ckpt.save(
                 run.axis.first(state.global_step),
-                state,
-                None,
+                {"state": state},
                 book.meta(t, "in_task", step // plan.steps_per_epoch),
             )
     bar.close()

@@ -32,7 +32,7 @@ __all__ = ["NAMES", "REGISTRY", "Method", "Network", "TaskContext", "TaskSpec", 
 def get(name: str) -> type[Method]:
     """The method class registered under `name`."""
     if name not in REGISTRY:
-        raise ValueError(f"method.name={name!r} is unknown; use one of {', '.join(NAMES)}.")
+        raise ValueError(f"method.name={name!r} is unknown; use one of {', '.join(REGISTRY)}.")
     return REGISTRY[name]
 
 
