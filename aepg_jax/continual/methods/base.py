@@ -66,7 +66,9 @@ class TaskContext:
 
     net: Network
     frozen: Params  # this seed's frozen backbone leaves
-    train_batches: Callable[[], Iterator[Batch]]  # the task's training data, uint8, in order
+    # The task's training images (uint8, unaugmented) in order, `eval.batch_size` per batch,
+    # sharded like evaluation; padding rows have mask False.
+    train_batches: Callable[[], Iterator[Batch]]
 
 
 def softmax_probs(logits: jax.Array) -> jax.Array:
