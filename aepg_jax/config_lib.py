@@ -48,9 +48,10 @@ Fields (defaults in brackets):
   optim.peft_freeze_epochs [30]  head-only epochs at the start of tasks >= 1
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
-  method.name [plain]          plain | lae | lwf
-  method.ema_decay [0.999]     LAE offline-PEFT EMA decay
-  method.lwf_temperature [1.0] / method.lwf_weight [1.0]
+  method.name [plain]          plain | lae | lwf (continual/methods/, one module each)
+  method.<field>               each method's own fields, declared (with their defaults and
+                               checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
+                               decay); LwF lwf_temperature [1.0], lwf_weight [1.0]
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   max_steps_per_task [None]    cap on steps per task (smoke tests)
@@ -66,11 +67,11 @@ import ml_collections
 from ml_collections import config_dict
 
 from aepg_jax import losses, schedules
+from aepg_jax.continual import methods
 from aepg_jax.data import datasets
 from aepg_jax.models import peft as peft_lib
 from aepg_jax.models import vit
 
-METHODS = ("plain", "lae", "lwf")
 MODEL_INITS = ("random", "augreg", "pretrained")
 NORMALIZE = ("minus_one_one", "none")
 
@@ -125,7 +126,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         peft_freeze_epochs=30,
         steps_per_call=1,
     )
-    c.method = dict(name="plain", ema_decay=0.999, lwf_temperature=1.0, lwf_weight=1.0)
+    c.method = dict(name="plain", **methods.defaults())
     c.eval = dict(batch_size=256)
     c.log_every_steps = 50
     c.checkpoint_every_steps = 0
@@ -244,9 +245,13 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
             p,
         )
     _check(o.steps_per_call >= 1, f"optim.steps_per_call={o.steps_per_call} must be >= 1.", p)
-    _check(m.name in METHODS, f"method.name={m.name!r}: use one of {METHODS}.", p)
-    _check(0.0 <= m.ema_decay < 1.0, f"method.ema_decay={m.ema_decay} must be in [0, 1).", p)
-    _check(m.lwf_temperature > 0, f"method.lwf_temperature={m.lwf_temperature} must be > 0.", p)
+    _check(
+        m.name in methods.REGISTRY,
+        f"method.name={m.name!r}: use one of {tuple(methods.REGISTRY)}.",
+        p,
+    )
+    for method in methods.REGISTRY.values():  # every method's fields, whichever runs
+        p.extend(method.check(cfg))
     _check(cfg.log_every_steps >= 1, f"log_every_steps={cfg.log_every_steps} must be >= 1.", p)
     _check(
         cfg.checkpoint_every_steps >= 0,

@@ -18,7 +18,9 @@ import time
 import jax
 
 from aepg_jax import config_lib
-from aepg_jax.continual import loop
+from aepg_jax.continual import bookkeeping, loop, setup, training
+from aepg_jax.continual import state as state_lib
+from aepg_jax.runs import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,18 +31,20 @@ def default_config():
 
 def time_task(cfg, workdir: str) -> tuple[float, float]:
     """(first pass seconds incl. compile, second pass seconds) of training task 0."""
-    runner = loop._Run(cfg, workdir)
-    runner.started = time.time()
+    run = setup.build(cfg, workdir)
+    book = bookkeeping.Bookkeeping(run, state_lib.STATE_LAYOUT)
+    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
     times = []
     try:
         for _ in range(2):
-            state = runner.fresh_state(runner.trainable_for(0), {}, 0)
+            state = loop.begin_task(run, 0, None)
             start = time.perf_counter()
-            state = runner.train_task(0, state, None, 0)
+            state = training.train_task(run, book, ckpt, 0, state, 0)
             jax.block_until_ready(state.trainable)
             times.append(time.perf_counter() - start)
     finally:
-        runner.close()
+        ckpt.close()
+        book.close()
     return times[0], times[1]
 
 

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, list[float]]]:
     with tempfile.TemporaryDirectory() as tmp:
         # Shared inputs, untimed: data caches and the pretrained backbone.
         setup = time.perf_counter()
-        loop.prepare_data(cfg)
+        setup.prepare_data(cfg)
         if cfg.model.init == "pretrained":
             pretrain.pretrain_backbone(cfg, jax.sharding.Mesh(np.array(jax.devices()), ("data",)))
         setup = time.perf_counter() - setup

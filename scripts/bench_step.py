@@ -4,7 +4,7 @@ For each PEFT kind (LoRA, adapter, prefix; SPEC §5, blocks 0-4) both sides run 
 training step on the same uint8 batch (B, S, S, 3) with S = 256 for 224 px input:
 
 * JAX: the real step of `aepg_jax.continual.train_step.make_train_step`, jitted with the state
-  donated, built as `continual/loop.py` builds it (`loop._optimizer`, `loop.step_config` from
+  donated, built as the task loop builds it (`state.optimizer`, `setup.step_config` from
   `config_lib.base_config`): device-side RandomResizedCrop(224, scale (.05, 1)) + flip +
   normalisation, ViT forward, the task head, the loss (CE by default), gradients of the PEFT and
   head leaves only, Adam (optax, frozen backbone `set_to_zero`), plus the step's metrics
@@ -72,7 +72,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from aepg_jax import config_lib, losses, partition, schedules
-from aepg_jax.continual import loop
+from aepg_jax.continual import methods, setup
+from aepg_jax.continual import state as state_lib
 from aepg_jax.continual import train_step as ts
 from aepg_jax.models import head, vit
 
@@ -212,33 +213,28 @@ def make_jax_runner(
     peft, frozen = partition.split(params, partition.label_params(params), partition.TRAINABLE)
     trainable = head.grow(peft, jax.random.fold_in(key, 1), num_classes, cfg.model.hidden_size)
     labels = partition.label_params(trainable)
-    model_def = vit.build(cfg.model, (num_classes,))
-    apply_fn = lambda p, images: model_def.apply({"params": p}, images)
     schedule = schedules.get_schedule(
         cfg.schedule.name, TOTAL_STEPS, **config_lib.schedule_kwargs(cfg)
     )
-    task = ts.TaskSpec(
-        offset=0,
-        num_classes=num_classes,
-        freeze_steps=0,
-        lae_ema=False,
-        lwf=False,
+    task = methods.TaskSpec(
+        index=0, offset=0, num_classes=num_classes, freeze_steps=0, head_sizes=(num_classes,)
     )
-    optimizer = loop._optimizer(cfg, trainable)
+    optimizer = state_lib.optimizer(cfg, trainable)
     step_fn = ts.make_train_step(
-        apply_fn,
+        methods.get(cfg.method.name)(cfg),
+        methods.Network(cfg.model),
         losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
         losses.is_annealed(cfg.loss.name),
         schedule,
         optimizer,
         labels,
         task,
-        loop.step_config(cfg),
+        setup.step_config(cfg),
     )
     state = ts.TrainState(
         trainable=trainable,
         opt_state=optimizer.init(trainable),
-        offline_peft={},
+        method_state={},
         task_step=jnp.zeros([], jnp.int32),
         global_step=jnp.zeros([], jnp.int32),
         rng=jax.random.fold_in(key, 7),
@@ -247,14 +243,14 @@ def make_jax_runner(
     host_batch = make_batch(batch, cfg.data.store_size, num_classes, seed)
     compiled = (
         jax.jit(step_fn, donate_argnums=(0,))
-        .lower(state, frozen, None, jax.device_put(host_batch))
+        .lower(state, frozen, jax.device_put(host_batch))
         .compile()
     )
     holder = {"state": state}
 
     def step() -> None:
         device_batch = jax.device_put(host_batch)
-        holder["state"], metrics = compiled(holder["state"], frozen, None, device_batch)
+        holder["state"], metrics = compiled(holder["state"], frozen, device_batch)
         jax.block_until_ready((holder["state"], metrics))
 
     return Runner("jax", step, time.perf_counter() - start, batch)

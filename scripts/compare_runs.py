@@ -23,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from aepg_jax.continual import report
+from aepg_jax.runs import records as records_lib
 
 METRICS = ("A_T", "avg_inc_acc", "forgetting", "acc_pooled_T")
 DEFAULT_LABEL_KEYS = ("loss.name", "method.name")
@@ -31,18 +31,21 @@ DEFAULT_LABEL_KEYS = ("loss.name", "method.name")
 
 def load_run(run_dir: Path) -> dict[str, Any]:
     """results.json and (if present) metrics.jsonl of one run directory."""
-    results_path = run_dir / report.RESULTS_FILE
+    results_path = run_dir / records_lib.RESULTS_FILE
     if not results_path.is_file():
         raise SystemExit(
-            f"error: {run_dir} has no {report.RESULTS_FILE}; pass the workdir of a finished run "
+            f"error: {run_dir} has no {records_lib.RESULTS_FILE}; pass the workdir of a finished "
+            "run "
             "(results.json is written when the run completes)."
         )
     results = json.loads(results_path.read_text(encoding="utf-8"))
-    metrics_path = run_dir / report.METRICS_FILE
+    metrics_path = run_dir / records_lib.METRICS_FILE
     if metrics_path.is_file():
-        records = report.read_metrics(metrics_path)
+        records = records_lib.read_metrics(metrics_path)
     else:
-        print(f"note: {run_dir} has no {report.METRICS_FILE}; no entropy curve.", file=sys.stderr)
+        print(
+            f"note: {run_dir} has no {records_lib.METRICS_FILE}; no entropy curve.", file=sys.stderr
+        )
         records = []
     return {"dir": run_dir, "results": results, "records": records}
 

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from aepg_jax import config_args, config_lib, losses, main, schedules
+from aepg_jax.continual import methods
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
@@ -41,7 +42,7 @@ PAPER_LABELS = (
 # Every value the paper uses for each shared argument, and the config field it must reach.
 ARG_VALUES = {
     "peft": ["lora", "adapter", "prefix"],
-    "method": list(config_lib.METHODS),
+    "method": list(methods.NAMES),
     "loss": sorted(losses.LOSSES),
     "seed": [0, 1, 2, 3, 4],
     "schedule": sorted(schedules.SCHEDULES),

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from aepg_jax import config_lib, main, pretrain
-from aepg_jax.continual import checkpointing, loop
+from aepg_jax.continual import loop
 from aepg_jax.data import loader
+from aepg_jax.runs import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -176,28 +177,27 @@ def _corrupt_arrays(step_dir):
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
     ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
     for step in (1, 2):
-        ckpt.save(
-            step, {"w": np.arange(3.0) * step}, None, {"task": 0, "phase": "in_task", "step": step}
-        )
+        meta = {"task": 0, "phase": "in_task", "step": step}
+        ckpt.save(step, {"state": {"w": np.arange(3.0) * step}}, meta)
     ckpt.close()
     _corrupt_arrays(tmp_path / "ckpt" / "2")
     ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
     with caplog.at_level(logging.WARNING):
-        state, _, meta = ckpt.restore_latest(lambda meta: ({"w": np.zeros(3)}, None))
+        items, meta = ckpt.restore_latest(lambda meta: {"state": {"w": np.zeros(3)}})
     assert meta["step"] == 1
-    np.testing.assert_array_equal(state["w"], np.arange(3.0))
+    np.testing.assert_array_equal(items["state"]["w"], np.arange(3.0))
     assert "cannot be restored" in caplog.text
     ckpt.close()
 
 
 def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
     ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
-    ckpt.save(1, {"w": np.arange(3.0)}, None, {"task": 0, "phase": "in_task"})
+    ckpt.save(1, {"state": {"w": np.arange(3.0)}}, {"task": 0, "phase": "in_task"})
     ckpt.close()
     _corrupt_arrays(tmp_path / "ckpt" / "1")
     ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
     with pytest.raises(RuntimeError, match=r"None of the checkpoints \[1\]"):
-        ckpt.restore_latest(lambda meta: ({"w": np.zeros(3)}, None))
+        ckpt.restore_latest(lambda meta: {"state": {"w": np.zeros(3)}})
     ckpt.close()
 
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aepg_jax.continual import metrics, report
+from aepg_jax.continual import metrics, plots
+from aepg_jax.continual import results as results_lib
+from aepg_jax.runs import records as records_lib
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -134,13 +136,13 @@ def test_single_task_has_no_forgetting():
     s = metrics.summary(tracker, "model")
     assert s["A_T"] == pytest.approx(80.0) and s["avg_inc_acc"] == pytest.approx(80.0)
     assert s["forgetting"] is None and s["forgetting_per_task"] == []
-    results = report.build_results(tracker, {"seed": 0}, 1.0, 0, [10])
+    results = results_lib.build_results(tracker, {"seed": 0}, 1.0, 0, [10])
     assert json.loads(json.dumps(results, allow_nan=False))["forgetting"] is None
-    assert "-" in report.final_table(results).split("forgetting (%)")[1].splitlines()[0]
+    assert "-" in results_lib.final_table(results).split("forgetting (%)")[1].splitlines()[0]
 
 
 def test_metrics_writer_append_resume_truncation_and_dedup(tmp_path):
-    with report.MetricsWriter(tmp_path) as w:
+    with records_lib.MetricsWriter(tmp_path) as w:
         for step in range(1, 5):
             w.write("train", task=0, step=step, loss=1.0 / step, alpha=np.float32(0.5))
         w.write("eval", task=0, step=4, accuracy={"model": [90.0]}, entropy=float("nan"))
@@ -150,19 +152,19 @@ def test_metrics_writer_append_resume_truncation_and_dedup(tmp_path):
     # A run killed mid-write leaves a partial line.
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"type": "train", "task": 1, "st')
-    records = report.read_metrics(tmp_path / "metrics.jsonl")
+    records = records_lib.read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 4, 5]
     assert records[4]["entropy"] is None and records[0]["alpha"] == 0.5
 
     # Resume from a checkpoint at step 3: steps 4 and 5 are logged again with new values.
-    with report.MetricsWriter(tmp_path) as w:
+    with records_lib.MetricsWriter(tmp_path) as w:
         w.write("train", task=0, step=4, loss=0.44)
         w.write("eval", task=0, step=4, accuracy={"model": [91.0]})
         w.write("train", task=1, step=5, loss=0.55)
         w.write("train", task=1, step=6, loss=0.66)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 10 and all(json.loads(line) for line in lines)  # partial line removed
-    records = report.read_metrics(tmp_path)
+    records = records_lib.read_metrics(tmp_path)
     train = [r for r in records if r["type"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
     assert [r["loss"] for r in train[3:]] == [0.44, 0.55, 0.66]
@@ -182,7 +184,7 @@ def test_read_metrics_drops_abandoned_steps_and_keeps_zero_step_tasks(tmp_path):
         {"type": "note", "text": "no step"},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    got = [(r["type"], r.get("task"), r.get("step")) for r in report.read_metrics(path)]
+    got = [(r["type"], r.get("task"), r.get("step")) for r in records_lib.read_metrics(path)]
     assert got == [
         ("train", 0, 10),
         ("train", 0, 15),
@@ -194,7 +196,7 @@ def test_read_metrics_drops_abandoned_steps_and_keeps_zero_step_tasks(tmp_path):
 
 
 def test_disabled_writer_writes_nothing(tmp_path):
-    w = report.MetricsWriter(tmp_path, enabled=False)
+    w = records_lib.MetricsWriter(tmp_path, enabled=False)
     w.write("train", step=1)
     w.close()
     assert not (tmp_path / "metrics.jsonl").exists()
@@ -202,18 +204,18 @@ def test_disabled_writer_writes_nothing(tmp_path):
 
 def test_write_results_atomic_with_nan_as_null(tmp_path):
     (tmp_path / "results.json").write_text("old")
-    path = report.write_results(tmp_path, {"x": float("nan"), "y": np.array([1.0, np.inf])})
+    path = records_lib.write_results(tmp_path, {"x": float("nan"), "y": np.array([1.0, np.inf])})
     assert json.loads(path.read_text()) == {"x": None, "y": [1.0, None]}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temp file left
     with pytest.raises(TypeError):
-        report.write_results(tmp_path, {"x": object()})
+        records_lib.write_results(tmp_path, {"x": object()})
     assert json.loads(path.read_text()) == {"x": None, "y": [1.0, None]}  # old file intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
 
 
 def test_build_results_and_final_table():
     tracker = make_tracker(("online", "offline", "ensemble"))
-    results = report.build_results(
+    results = results_lib.build_results(
         tracker, {"seed": 3, "loss": {"name": "aepg"}}, 3723.0, 3, [4, 3, 3]
     )
     for key in (
@@ -236,7 +238,7 @@ def test_build_results_and_final_table():
     assert results["predictors"] == ["online", "offline", "ensemble"]
     assert results["A_T"] == results["methods"]["online"]["A_T"] == pytest.approx(50.0)
     assert results["entropy"] == [0.5, 1.0, 1.5]
-    table = report.final_table(json.loads(json.dumps(results)))
+    table = results_lib.final_table(json.loads(json.dumps(results)))
     for text in (
         "90.0",
         "60.0",
@@ -258,7 +260,7 @@ def test_build_results_and_final_table():
 
 def test_plots_write_png(tmp_path):
     tracker = make_tracker(("online", "offline"))
-    results = report.build_results(tracker, {}, 1.0, 0, [4, 3, 3])
+    results = results_lib.build_results(tracker, {}, 1.0, 0, [4, 3, 3])
     records = [
         {"type": "train", "task": t, "step": s, "entropy": 1.0 / s, "alpha": 1 - s / 30}
         for t, steps in enumerate((range(1, 11), range(11, 21), range(21, 31)))
@@ -266,7 +268,7 @@ def test_plots_write_png(tmp_path):
     ]
     records[3].pop("alpha")  # missing keys are tolerated
     records += [{"type": "eval", "task": 0, "step": 10, "entropy": 0.3}]
-    paths = report.write_plots(tmp_path, results, records)
+    paths = plots.write_plots(tmp_path, results, records)
     assert [p.name for p in paths] == [
         "accuracy_matrix.png",
         "training_curves.png",
@@ -274,8 +276,8 @@ def test_plots_write_png(tmp_path):
     ]
     for p in paths:
         assert p.read_bytes()[:8] == PNG
-    report.plot_training_curves([], tmp_path / "empty.png")
-    report.plot_accuracy_matrix(A, tmp_path / "a.png", "A")
+    plots.plot_training_curves([], tmp_path / "empty.png")
+    plots.plot_accuracy_matrix(A, tmp_path / "a.png", "A")
     assert (tmp_path / "empty.png").read_bytes()[:8] == PNG
     assert (tmp_path / "a.png").read_bytes()[:8] == PNG
 
@@ -292,8 +294,8 @@ def _fake_run(root, name, loss, seed, a_t_final, forgetting):
         "forgetting": forgetting,
         "acc_pooled_T": a_t_final - 1.0,
     }
-    report.write_results(run, results)
-    with report.MetricsWriter(run) as w:
+    records_lib.write_results(run, results)
+    with records_lib.MetricsWriter(run) as w:
         for step in range(1, 6):
             w.write("train", task=0 if step < 3 else 1, step=step, entropy=2.0 / step)
     return str(run)

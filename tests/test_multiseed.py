@@ -17,7 +17,8 @@ import pytest
 from test_driver import _read_jsonl, tiny_config
 
 from aepg_jax import config_lib
-from aepg_jax.continual import loop, report
+from aepg_jax.continual import loop, results
+from aepg_jax.runs import records
 
 
 def _train_losses(path):
@@ -70,7 +71,7 @@ def test_seed_i_of_a_vmapped_run_equals_a_single_run_of_seed_i(tmp_path, overrid
     seeds = list(range(5, 5 + overrides["num_seeds"]))
     assert summary["seeds"] == seeds
 
-    saved = json.load(open(tmp_path / "vmapped" / report.SEEDS_RESULTS_FILE))
+    saved = json.load(open(tmp_path / "vmapped" / results.SEEDS_RESULTS_FILE))
     a_t = [r["A_T"] for r in saved["per_seed"]]
     primary = saved["predictors"][0]
     assert saved["metrics"][primary]["A_T"]["values"] == pytest.approx(a_t)
@@ -82,7 +83,7 @@ def test_seed_i_of_a_vmapped_run_equals_a_single_run_of_seed_i(tmp_path, overrid
         single_cfg.seed, single_cfg.num_seeds = seed, 1
         single = loop.run(single_cfg, str(tmp_path / f"single_{seed}"))
         seed_dir = tmp_path / "vmapped" / f"seed_{seed}"
-        per_seed = json.load(open(seed_dir / report.RESULTS_FILE))
+        per_seed = json.load(open(seed_dir / records.RESULTS_FILE))
         assert per_seed["seed"] == seed
         _assert_same_run(seed_dir, tmp_path / f"single_{seed}", per_seed, single)
         for plot in ("accuracy_matrix.png", "training_curves.png"):
@@ -106,7 +107,7 @@ def test_vmapped_run_resumes_from_its_last_task_checkpoint(tmp_path):
     # per-seed trackers after task 1 and trains task 2 again.
     ckpts = sorted((work / "checkpoints").iterdir(), key=lambda p: int(p.name))
     shutil.rmtree(ckpts[-1])
-    (work / report.SEEDS_RESULTS_FILE).unlink()
+    (work / results.SEEDS_RESULTS_FILE).unlink()
     resumed = loop.run(cfg, str(work))
     for p in full["predictors"]:
         for k in ("A_T", "avg_inc_acc", "forgetting"):

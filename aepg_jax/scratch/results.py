@@ -24,6 +24,7 @@ import numpy as np
 CURVES = ("train_loss", "train_acc", "train_entropy", "test_acc", "test_entropy")
 SUMMARY = ("final_test_acc", "best_test_acc", "final_test_entropy", "final_train_acc")
 PLOT_FILE = "curves.png"
+SEEDS_RESULTS_FILE = "results_seeds.json"
 
 
 def build_results(

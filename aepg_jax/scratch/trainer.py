@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,9 +30,10 @@ import numpy as np
 import tqdm
 
 from aepg_jax import config_lib, losses, schedules
-from aepg_jax.continual import checkpointing, report
 from aepg_jax.data import loader
 from aepg_jax.models import resnet
+from aepg_jax.runs import checkpointing, records
+from aepg_jax.runs import seeds as seeds_lib
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import data as scratch_data
 from aepg_jax.scratch import results as scratch_results
@@ -52,7 +52,7 @@ def steps_per_epoch(num_examples: int, cfg: ml_collections.ConfigDict) -> int:
 
 
 def _seed_config(cfg: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
-    d = report.to_jsonable(cfg.to_dict())
+    d = records.to_jsonable(cfg.to_dict())
     d["seed"], d["num_seeds"] = int(seed), 1
     return d
 
@@ -67,7 +67,8 @@ class _Run:
         self.is_main = jax.process_index() == 0
         self.data = scratch_data.prepare_data(cfg)
         self.seeds = tuple(cfg.seed + i for i in range(cfg.num_seeds))
-        self.vmapped = len(self.seeds) > 1
+        self.axis = seeds_lib.SeedAxis(self.seeds)
+        self.vmapped = self.axis.vmapped
         self.replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         self.model = resnet.build(scratch_config.resnet_spec(cfg), self.data.num_classes)
         self.steps_per_epoch = steps_per_epoch(len(self.data.train_indices), cfg)
@@ -93,26 +94,22 @@ class _Run:
             self.lr_schedule,
             ts.AugmentConfig(cfg.data.pad, cfg.data.flip_prob, self.data.mean, self.data.std),
         )
-        self.train_step = jax.jit(self.lift(step, (0, 0)), donate_argnums=(0,))
+        self.train_step = jax.jit(self.axis.lift(step, (0, 0)), donate_argnums=(0,))
         evaluate = ts.make_eval_step(self.model.apply, self.data.mean, self.data.std)
-        self.eval_step = jax.jit(self.lift(evaluate, (0, 0, None)))
+        self.eval_step = jax.jit(self.axis.lift(evaluate, (0, 0, None)))
         self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
         self.seed_dirs = (
             [os.path.join(workdir, f"seed_{s}") for s in self.seeds] if self.vmapped else [workdir]
         )
-        self.writers = [report.MetricsWriter(d, enabled=self.is_main) for d in self.seed_dirs]
+        self.writers = [records.MetricsWriter(d, enabled=self.is_main) for d in self.seed_dirs]
         self.history: list[list[dict[str, float]]] = [[] for _ in self.seeds]
         self.elapsed_before = 0.0
 
     # -- the seed axis -------------------------------------------------------------------------
 
-    def lift(self, fn: Callable, in_axes: tuple) -> Callable:
-        """`fn` of one seed -> `fn` of the run (vmapped over the seed axis when S > 1)."""
-        return jax.vmap(fn, in_axes=in_axes) if self.vmapped else fn
-
     def per_seed(self, x: Any) -> np.ndarray:
-        """Host copy of a per-seed scalar: shape (S,)."""
-        return np.asarray(jax.device_get(x), np.float64).reshape(len(self.seeds))
+        """Host copy of a per-seed scalar as float64: shape (S,)."""
+        return self.axis.per_seed(x).astype(np.float64)
 
     def init_state(self) -> ts.TrainState:
         """Fresh per-seed state: init from fold_in(key, 0), step keys from fold_in(key, 1)."""
@@ -217,15 +214,16 @@ class _Run:
 
     def save(self, state: ts.TrainState, epochs_done: int) -> None:
         step = epochs_done * self.steps_per_epoch
-        self.ckpt.save(step, state, None, self.meta(epochs_done))
+        self.ckpt.save(step, {"state": state}, self.meta(epochs_done))
 
     def restore(self) -> tuple[ts.TrainState, int]:
         """(state, epochs done) of the newest checkpoint, or a fresh state and 0."""
         fresh = self.init_state()
-        restored = self.ckpt.restore_latest(lambda meta: (fresh, None))
+        restored = self.ckpt.restore_latest(lambda meta: {"state": fresh})
         if restored is None:
             return fresh, 0
-        state, _, meta = restored
+        items, meta = restored
+        state = items["state"]
         if meta["seeds"] != list(self.seeds):
             raise ValueError(
                 f"The checkpoints in {self.ckpt.directory} hold seeds {meta['seeds']}, this run "
@@ -297,17 +295,17 @@ class _Run:
         ]
         if self.is_main:
             for results, directory in zip(per_seed, self.seed_dirs, strict=True):
-                report.write_results(directory, results)
+                records.write_results(directory, results)
                 scratch_results.plot_curves(
                     results, os.path.join(directory, scratch_results.PLOT_FILE)
                 )
                 print(scratch_results.summary_line(results))
         if not self.vmapped:
             return per_seed[0]
-        config = report.to_jsonable(self.cfg.to_dict())
+        config = records.to_jsonable(self.cfg.to_dict())
         summary = scratch_results.seeds_summary(per_seed, config, wall)
         if self.is_main:
-            report.write_results(self.workdir, summary, report.SEEDS_RESULTS_FILE)
+            records.write_results(self.workdir, summary, scratch_results.SEEDS_RESULTS_FILE)
         return summary
 
     def close(self) -> None:

@@ -1,11 +1,10 @@
-"""Orbax checkpoints of a continual run: `<workdir>/checkpoints/<global_step>/`.
+"""Orbax checkpoints of a run: `<workdir>/checkpoints/<global_step>/`.
 
-Each checkpoint holds three items: `state` (the `TrainState`: trainable PEFT + heads, optimizer
-state, LAE's offline PEFT, steps, RNG), `lwf` (LwF's previous-task parameters, only when a
-task is checkpointed mid-way under LwF) and
-`meta` (JSON: task index, phase `in_task` / `task_done`, epoch, the accuracy tracker, head
-sizes, the backbone fingerprint, wall time). The frozen backbone is not saved: its sha256
-fingerprint is stored and checked on resume.
+Each checkpoint holds the named pytrees its trainer gives (the continual loop: `state`, the
+whole `TrainState`) and `meta` (JSON: for the continual loop the state layout, task index,
+phase `in_task` / `task_done`, epoch, seeds, the accuracy trackers, head sizes, the backbone
+fingerprint, wall time). A frozen backbone is not saved: its sha256 fingerprint is
+stored and checked on resume.
 
 Saves are asynchronous (`wait()` before anything depends on them). On resume the newest
 checkpoint is restored; if it is corrupt or partial, the previous one is tried, with a warning,
@@ -26,6 +25,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from aepg_jax import partition
+
+
+class IncompatibleCheckpoint(ValueError):
+    """A readable checkpoint that this run cannot continue (another state layout or seeds):
+    raised by a restore target builder, it stops the restore instead of trying older ones."""
 
 
 def backbone_fingerprint(frozen: dict[str, Any]) -> str:
@@ -51,27 +55,26 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
 
-    def save(self, step: int, state: Any, lwf: Any, meta: dict[str, Any]) -> None:
-        """Starts an asynchronous save of checkpoint `step` (replaces an existing one)."""
+    def save(self, step: int, items: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Starts an asynchronous save of checkpoint `step` (replaces an existing one): each
+        named pytree of `items` (empty trees are skipped: Orbax refuses them) and `meta`."""
         if step in self._manager.all_steps():
             self._manager.wait_until_finished()
             self._manager.delete(step)
-        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
-        if lwf is not None:  # Orbax refuses empty items: LwF's copy is saved only when it exists
-            items["lwf"] = ocp.args.StandardSave(lwf)
-        self._manager.save(step, args=ocp.args.Composite(**items))
+        args = {k: ocp.args.StandardSave(v) for k, v in items.items() if jax.tree.leaves(v)}
+        self._manager.save(step, args=ocp.args.Composite(**args, meta=ocp.args.JsonSave(meta)))
 
     def wait(self) -> None:
         """Blocks until the pending asynchronous save is on disk."""
         self._manager.wait_until_finished()
 
     def restore_latest(
-        self, make_target: Callable[[dict[str, Any]], tuple[Any, Any]]
-    ) -> tuple[Any, Any, dict[str, Any]] | None:
-        """`(state, lwf, meta)` of the newest restorable checkpoint; None if there is none.
+        self, make_targets: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """`(items, meta)` of the newest restorable checkpoint; None if there is none.
 
-        `make_target(meta)` builds abstract (or concrete) `(state, lwf)` trees of the right
-        structure for that checkpoint's task.
+        `make_targets(meta)` builds trees of the right structure (values arbitrary) for the
+        items of that checkpoint; an empty target is returned as is (it was not saved).
         """
         steps = self.steps()
         failures = []
@@ -80,11 +83,13 @@ class Checkpointer:
                 meta = self._manager.restore(
                     step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
                 )["meta"]
-                state_target, lwf_target = make_target(meta)
-                items = {"state": ocp.args.StandardRestore(state_target)}
-                if lwf_target is not None:
-                    items["lwf"] = ocp.args.StandardRestore(lwf_target)
-                restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+                targets = make_targets(meta)
+                args = {
+                    k: ocp.args.StandardRestore(v) for k, v in targets.items() if jax.tree.leaves(v)
+                }
+                restored = self._manager.restore(step, args=ocp.args.Composite(**args))
+            except IncompatibleCheckpoint:
+                raise
             except Exception as err:  # any failure means: try the previous checkpoint
                 failures.append(f"step {step}: {type(err).__name__}: {err}")
                 logging.warning(
@@ -100,8 +105,7 @@ class Checkpointer:
                     step,
                     len(failures),
                 )
-            lwf = restored.get("lwf") if lwf_target is not None else None
-            return restored["state"], lwf, meta
+            return {k: restored[k] if k in args else v for k, v in targets.items()}, meta
         if steps:
             raise RuntimeError(
                 f"None of the checkpoints {steps} in {self.directory} can be restored:\n  "

@@ -1,0 +1,44 @@
+"""Continual methods, one module each, behind the `Method` interface of `base.py`.
+
+The task loop, the train and eval steps, checkpointing, multi-seed vmapping and the reports
+know no method by name: they call the hooks of `get(cfg.method.name)(cfg)` (see `base.py` for
+the interface and when each hook runs). Plain's behaviour is `Method`'s defaults.
+
+How to add a method:
+  1. Write `methods/<name>.py` with a `Method` subclass: `name`, `predictors` if it reports
+     more than one, `defaults` for its `method.*` config fields and `check` to validate them,
+     and the hooks it needs (its state's structure in `state_like`, task-boundary work in
+     `begin_task` / `grow` / `end_task`, its forward pass and extra loss in `forward`,
+     per-step updates in `after_step`, its predictors in `predict`).
+  2. Add the class to `REGISTRY` below.
+Nothing else changes: the loop, the steps, checkpoints and reports pick it up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aepg_jax.continual.methods.base import Method, Network, TaskContext, TaskSpec
+from aepg_jax.continual.methods.lae import LAE
+from aepg_jax.continual.methods.lwf import LwF
+from aepg_jax.continual.methods.plain import Plain
+
+REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Plain, LAE, LwF)}
+NAMES = tuple(REGISTRY)
+
+__all__ = ["NAMES", "REGISTRY", "Method", "Network", "TaskContext", "TaskSpec", "defaults", "get"]
+
+
+def get(name: str) -> type[Method]:
+    """The method class registered under `name`."""
+    if name not in REGISTRY:
+        raise ValueError(f"method.name={name!r} is unknown; use one of {', '.join(REGISTRY)}.")
+    return REGISTRY[name]
+
+
+def defaults() -> dict[str, Any]:
+    """Every method's `method.*` config fields with their defaults."""
+    out: dict[str, Any] = {}
+    for method in REGISTRY.values():
+        out.update(method.defaults)
+    return out

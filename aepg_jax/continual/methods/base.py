@@ -1,0 +1,163 @@
+"""The continual-method interface and plain fine-tuning, whose behaviour is its default.
+
+A method is a `Method` subclass: class attributes (name, predictors, config defaults) and hooks,
+called by the task loop at fixed points. Its own state (`method_state`, any pytree of arrays,
+`{}` for plain) is carried in the `TrainState`, checkpointed and vmapped over seeds with it.
+
+Host side, once per task (outside jit, one seed at a time):
+    begin_task(task, trainable, state, ctx) -> (trainable, state)   before task t's heads grow
+    grow(task, trainable, key) -> trainable                         task t's own new leaves
+    end_task(task, trainable, state, ctx) -> state                  after training, before eval
+    state_like(task, phase, trainable_at) -> state                  a checkpoint's structure
+Inside the jitted train step (pure):
+    forward(net, trainable, frozen, state, images, task) -> (logits, extra_loss | None)
+    after_step(trainable, state, task) -> state                     after each optimizer update
+Inside the jitted evaluation (pure):
+    predict(net, trainable, frozen, state, images, head_sizes, num_seen)
+        -> ({predictor: probs (B, num_seen)}, logits (B, num_seen) whose entropy is logged)
+Config:
+    defaults: {field: value} added to `method.*`;  check(cfg) -> [problems]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from aepg_jax import partition
+from aepg_jax.models import vit
+
+Params = dict[str, Any]
+Batch = dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """Static facts of the task being trained (baked into its compiled step)."""
+
+    index: int  # task t, 0-based
+    offset: int  # first class of the task (in the relabelled order)
+    num_classes: int  # classes of the task
+    freeze_steps: int  # head-only steps at the start of the task
+    head_sizes: tuple[int, ...]  # classes of tasks 0..t (the heads the model has)
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """The ViT of the run with any set of task heads; methods compose its forward passes."""
+
+    model_cfg: ml_collections.ConfigDict
+
+    def apply(
+        self, params: Params, images: jax.Array, head_sizes: tuple[int, ...]
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """`(logits (B, sum(head_sizes)), {"features": ...})` of the full parameter tree."""
+        return vit.build(self.model_cfg, tuple(head_sizes)).apply({"params": params}, images)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskContext:
+    """What a host-side task hook may use (one seed's view)."""
+
+    net: Network
+    frozen: Params  # this seed's frozen backbone leaves
+    # The task's training images (uint8, unaugmented) in order, `eval.batch_size` per batch,
+    # sharded like evaluation; padding rows have mask False.
+    train_batches: Callable[[], Iterator[Batch]]
+
+
+def softmax_probs(logits: jax.Array) -> jax.Array:
+    """Class probabilities, in float32 whatever the compute dtype."""
+    return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+
+
+class Method:
+    """Plain fine-tuning: one set of trainable PEFT + head leaves, no extra state or loss."""
+
+    name: ClassVar[str] = "plain"
+    predictors: ClassVar[tuple[str, ...]] = ("model",)  # the first is the primary one
+    defaults: ClassVar[dict[str, Any]] = {}  # this method's `method.*` config fields
+
+    def __init__(self, cfg: ml_collections.ConfigDict):
+        self.cfg = cfg
+
+    @classmethod
+    def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
+        """Problems with this method's `method.*` fields, each naming the field and the fix."""
+        return []
+
+    # -- host side -------------------------------------------------------------------------
+
+    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
+        """A tree shaped like the method state checkpointed at (`task`, `phase`), where phase
+        is `in_task` or `task_done`; `trainable_at(t)` is the trainable tree during task t."""
+        return {}
+
+    def begin_task(
+        self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
+    ) -> tuple[Params, Params]:
+        """Before task `task.index` (its head not grown yet); returns (trainable, state)."""
+        return trainable, state
+
+    def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
+        """Adds task `task`'s own trainable leaves (after its head grew); deterministic in `key`,
+        since restoring a checkpoint rebuilds the tree's structure with it."""
+        return trainable
+
+    def end_task(
+        self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
+    ) -> Params:
+        """After training task `task.index`, before its evaluation; returns the state."""
+        return state
+
+    # -- inside the jitted train step ---------------------------------------------------------
+
+    def forward(
+        self,
+        net: Network,
+        trainable: Params,
+        frozen: Params,
+        state: Params,
+        images: jax.Array,
+        task: TaskSpec,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """Training logits over all classes of tasks 0..t, and an extra loss term (or None)."""
+        logits, _ = net.apply(partition.merge(trainable, frozen), images, task.head_sizes)
+        return logits, None
+
+    def after_step(self, trainable: Params, state: Params, task: TaskSpec) -> Params:
+        """The method state after an optimizer update gave `trainable`."""
+        return state
+
+    # -- inside the jitted evaluation ---------------------------------------------------------
+
+    def predict(
+        self,
+        net: Network,
+        trainable: Params,
+        frozen: Params,
+        state: Params,
+        images: jax.Array,
+        head_sizes: tuple[int, ...],
+        num_seen: int,
+    ) -> tuple[dict[str, jax.Array], jax.Array]:
+        """Each predictor's probabilities over the seen classes, and the logits whose entropy
+        is logged."""
+        logits = net.apply(partition.merge(trainable, frozen), images, head_sizes)[0]
+        logits = logits[:, :num_seen]
+        return {"model": softmax_probs(logits)}, logits
+
+
+def peft_of(trainable: Params) -> Params:
+    """The PEFT leaves of a trainable tree (heads dropped)."""
+    return partition.split(trainable, partition.label_params(trainable), (partition.PEFT,))[0]
+
+
+def heads_of(trainable: Params) -> Params:
+    """The head leaves of a trainable tree (PEFT dropped)."""
+    return partition.split(trainable, partition.label_params(trainable), (partition.HEAD,))[0]

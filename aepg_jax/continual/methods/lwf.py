@@ -1,0 +1,64 @@
+"""LwF (SPEC §1, §7): distillation from a frozen copy of the model taken before each task.
+
+For tasks t >= 1 the loss gains `w * mean_b T^2 KL(softmax(z_old/T) || softmax(z_new/T))` over
+the old classes' logits, `z_old` from the copy (heads of tasks 0..t-1) on the current batch;
+T = `method.lwf_temperature`, w = `method.lwf_weight`. Method state: the copy's trainable
+leaves (PEFT + heads 0..t-1), `{}` during task 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from aepg_jax import losses, partition
+from aepg_jax.continual.methods.base import Method, Network, Params, TaskContext, TaskSpec
+
+
+class LwF(Method):
+    """Learning without forgetting with the configured classification loss."""
+
+    name = "lwf"
+    defaults: ClassVar[dict[str, Any]] = {"lwf_temperature": 1.0, "lwf_weight": 1.0}
+
+    @classmethod
+    def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
+        m, problems = cfg.method, []
+        if not m.lwf_temperature > 0:
+            problems.append(f"method.lwf_temperature={m.lwf_temperature} must be > 0.")
+        if not m.lwf_weight >= 0:
+            problems.append(f"method.lwf_weight={m.lwf_weight} must be >= 0.")
+        return problems
+
+    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
+        return trainable_at(task - 1) if task >= 1 else {}
+
+    def begin_task(
+        self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
+    ) -> tuple[Params, Params]:
+        if task.index == 0:
+            return trainable, state
+        return trainable, jax.tree.map(jnp.copy, trainable)
+
+    def forward(
+        self,
+        net: Network,
+        trainable: Params,
+        frozen: Params,
+        state: Params,
+        images: jax.Array,
+        task: TaskSpec,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        logits, _ = net.apply(partition.merge(trainable, frozen), images, task.head_sizes)
+        if task.index == 0 or task.offset == 0:
+            return logits, None
+        old, _ = net.apply(partition.merge(state, frozen), images, task.head_sizes[:-1])
+        m = self.cfg.method
+        distill = losses.lwf_distillation(
+            logits[:, : task.offset], old[:, : task.offset], m.lwf_temperature
+        )
+        return logits, m.lwf_weight * jnp.mean(distill)

@@ -1,0 +1,12 @@
+"""Plain fine-tuning (SPEC §7): one set of PEFT modules and the growing head, trained with the
+configured loss; nothing else. All of its behaviour is `Method`'s default."""
+
+from __future__ import annotations
+
+from aepg_jax.continual.methods.base import Method
+
+
+class Plain(Method):
+    """Plain fine-tuning of the PEFT modules and heads."""
+
+    name = "plain"

@@ -1,0 +1,131 @@
+"""The plots of a continual run: the accuracy matrix, training curves (entropy and alpha over
+the global step) and incremental accuracy per predictor."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from aepg_jax.continual.results import as_float_array, is_number
+
+
+def plot_accuracy_matrix(
+    a: Any, path: str | os.PathLike, title: str = "Accuracy (%) on task i after task j"
+) -> None:
+    """Heatmap of an accuracy matrix given in FRACTIONS (as `AccuracyTracker.accuracy`),
+    annotated in %; NaN / None cells blank."""
+    pct = 100.0 * as_float_array(a)
+    num = pct.shape[0]
+    size = max(3.5, 0.6 * num + 1.5)
+    fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    image = ax.imshow(np.ma.masked_invalid(pct), cmap="viridis", vmin=0.0, vmax=100.0)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="accuracy (%)")
+    fontsize = 9 if num <= 10 else 6
+    for i, j in zip(*np.nonzero(np.isfinite(pct)), strict=True):
+        v = pct[i, j]
+        color = "black" if v > 60.0 else "white"
+        ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=fontsize, color=color)
+    ax.set(xlabel="after task j", ylabel="task i", title=title)
+    ax.set_xticks(range(num))
+    ax.set_yticks(range(num))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _task_boundaries(train: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Global steps where the `task` of consecutive train records changes."""
+    out = []
+    for prev, cur in itertools.pairwise(train):
+        if prev.get("task") is not None and cur.get("task") != prev.get("task"):
+            out.append(float(cur["step"]))
+    return out
+
+
+def _series(records: Iterable[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    pts = [
+        (r["step"], r[key]) for r in records if r.get("step") is not None and is_number(r.get(key))
+    ]
+    return np.array([p[0] for p in pts], np.float64), np.array([p[1] for p in pts], np.float64)
+
+
+def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
+    """Output entropy and alpha over the global step (two stacked panels), task boundaries
+    dashed. Train records give the curves, eval records' `entropy` the test markers; records
+    missing a key are skipped."""
+    train = [r for r in records if r.get("type") == "train" and r.get("step") is not None]
+    evals = [r for r in records if r.get("type") == "eval"]
+    fig, (ax_h, ax_a) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+    steps, values = _series(train, "entropy")
+    if steps.size:
+        ax_h.plot(steps, values, lw=1.0, label="train batch")
+    steps, values = _series(evals, "entropy")
+    if steps.size:
+        ax_h.plot(steps, values, "o", ms=4, label="test (after task)")
+    steps, values = _series(train, "alpha")
+    if steps.size:
+        ax_a.plot(steps, values, lw=1.0, color="tab:green")
+    for ax in (ax_h, ax_a):
+        for boundary in _task_boundaries(train):
+            ax.axvline(boundary, color="gray", ls="--", lw=0.8)
+    if ax_h.has_data():
+        ax_h.legend(fontsize=8)
+    else:
+        ax_h.text(0.5, 0.5, "no entropy logged", ha="center", va="center", transform=ax_h.transAxes)
+    if not ax_a.has_data():
+        ax_a.text(0.5, 0.5, "no alpha logged", ha="center", va="center", transform=ax_a.transAxes)
+    ax_h.set(ylabel="output entropy H(p)", title="Training curves")
+    ax_a.set(xlabel="global step", ylabel="alpha (weight of CE)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_incremental_accuracy(
+    A_t_by_predictor: Mapping[str, Sequence[float | None]],
+    path: str | os.PathLike,
+    title: str = "Incremental accuracy A_t",
+) -> None:
+    """A_t (PERCENT, None where not evaluated) over tasks, one line per predictor."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, values in A_t_by_predictor.items():
+        y = as_float_array(list(values))
+        ax.plot(np.arange(y.size), y, "o-", label=name)
+    ax.set(xlabel="after task t", ylabel="A_t (%)", title=title)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    if A_t_by_predictor:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_plots(
+    workdir: str | os.PathLike,
+    results: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+) -> list[Path]:
+    """Writes accuracy_matrix.png (primary predictor), training_curves.png and
+    incremental_accuracy.png (every predictor) into `workdir`; returns their paths."""
+    workdir = Path(workdir)
+    paths = [
+        workdir / n
+        for n in ("accuracy_matrix.png", "training_curves.png", "incremental_accuracy.png")
+    ]
+    primary = results["predictors"][0]
+    a = as_float_array(results["accuracy_matrix"]) / 100.0
+    plot_accuracy_matrix(a, paths[0], title=f"Accuracy (%) on task i after task j ({primary})")
+    plot_training_curves(records, paths[1])
+    methods = results.get("methods") or {primary: results}
+    plot_incremental_accuracy({p: m["A_t"] for p, m in methods.items()}, paths[2])
+    return paths

@@ -1,0 +1,181 @@
+"""Building a continual run: its data, backbone, seeds and method (everything fixed for the run).
+
+`build(cfg, workdir)` validates the config against the devices, loads and caches the dataset,
+cuts it into tasks, builds each seed's initial parameters (backbone + fresh PEFT) and returns
+the `Run` that the training, evaluation, resume and report modules read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+
+from aepg_jax import config_lib, losses, partition, pretrain
+from aepg_jax.checkpoints import augreg
+from aepg_jax.continual import methods
+from aepg_jax.continual import train_step as ts
+from aepg_jax.data import cache, datasets, loader, splits
+from aepg_jax.models import vit
+from aepg_jax.runs import checkpointing
+from aepg_jax.runs.seeds import SeedAxis
+
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    """The cached splits and the task split of a run."""
+
+    name: str
+    class_names: tuple[str, ...]
+    train: cache.CachedSplit
+    test: cache.CachedSplit
+    tasks: splits.ClassIncremental
+
+
+def prepare_data(cfg: ml_collections.ConfigDict) -> RunData:
+    """Loads the dataset, caches both splits at `data.store_size`, cuts it into tasks."""
+    d = cfg.data
+    ds = datasets.load_dataset(d.source, name=d.name, data_dir=d.data_dir, split_seed=d.split_seed)
+    config_lib.validate_against_dataset(cfg, len(ds.class_names))
+    root = os.path.expanduser(d.cache_dir)
+    name = ds.name if d.source != "digits" else f"digits-split{d.split_seed}"
+    built = {
+        split: cache.load_or_build(
+            getattr(ds, split),
+            root,
+            name,
+            split,
+            d.store_size,
+            class_names=ds.class_names,
+            verify=d.verify_cache,
+            progress=jax.process_index() == 0,
+        )
+        for split in ("train", "test")
+    }
+    tasks = splits.make_class_incremental(
+        built["train"].labels,
+        built["test"].labels,
+        len(ds.class_names),
+        d.num_tasks,
+        class_order_seed=d.class_order_seed,
+        label_noise=d.label_noise,
+        noise_seed=d.noise_seed,
+    )
+    if d.label_noise:
+        logging.info(
+            "Label noise %.3f requested, %.4f realised.", d.label_noise, tasks.realised_noise_rate
+        )
+    return RunData(ds.name, ds.class_names, built["train"], built["test"], tasks)
+
+
+def initial_params(cfg: ml_collections.ConfigDict, key: jax.Array, mesh) -> Params:
+    """Backbone (random, augreg file or pretrained) + fresh PEFT, no heads yet."""
+    params = vit.init_params(cfg.model, jax.random.fold_in(key, 0))
+    if cfg.model.init == "augreg":
+        params = augreg.load_backbone(cfg.model.checkpoint, params)
+    elif cfg.model.init == "pretrained":
+        params = augreg.load_backbone(pretrain.pretrain_backbone(cfg, mesh), params)
+    return params
+
+
+def step_config(cfg: ml_collections.ConfigDict) -> ts.StepConfig:
+    return ts.StepConfig(
+        image_size=cfg.model.image_size,
+        crop_scale=tuple(cfg.data.crop_scale),
+        crop_ratio=tuple(cfg.data.crop_ratio),
+        flip_prob=cfg.data.flip_prob,
+        normalize=cfg.input.normalize,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """The fixed context of one run.
+
+    With `num_seeds = S > 1` every per-seed tree (train state, PEFT, heads, method state)
+    carries a leading seed axis (`axis`); the frozen backbone is shared unless it is itself
+    seed-dependent (`model.init=random`, then `frozen_axis = 0`).
+    """
+
+    cfg: ml_collections.ConfigDict
+    workdir: str
+    mesh: jax.sharding.Mesh
+    is_main: bool
+    data: RunData
+    axis: SeedAxis
+    keys: tuple[jax.Array, ...]  # one base key per seed
+    initial_peft: tuple[Params, ...]  # one fresh PEFT tree per seed
+    frozen: Params  # the backbone, on the devices (stacked per seed iff frozen_axis == 0)
+    frozen_axis: int | None
+    fingerprint: str  # sha256 of the frozen backbone, checked on resume
+    method: methods.Method
+    net: methods.Network
+    step_cfg: ts.StepConfig
+    loss_fn: Callable[..., jax.Array]
+    annealed: bool
+
+    @property
+    def replicated(self) -> jax.sharding.NamedSharding:
+        return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+
+    @property
+    def head_sizes(self) -> tuple[int, ...]:
+        return tuple(self.data.tasks.head_sizes)
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.head_sizes)
+
+    def frozen_of(self, seed_index: int) -> Params:
+        """One seed's frozen backbone."""
+        if self.frozen_axis is None:
+            return self.frozen
+        return jax.tree.map(lambda x: x[seed_index], self.frozen)
+
+
+def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
+    """Validates `cfg`, prepares the data and every seed's initial parameters."""
+    mesh = loader.data_mesh()
+    config_lib.validate(cfg, mesh.devices.size)
+    data = prepare_data(cfg)
+    axis = SeedAxis(tuple(cfg.seed + i for i in range(cfg.num_seeds)))
+    keys = tuple(jax.random.PRNGKey(s) for s in axis.seeds)
+    initial_peft, frozen = [], []
+    for key in keys:
+        params = initial_params(cfg, key, mesh)
+        peft, backbone = partition.split(
+            params, partition.label_params(params), partition.TRAINABLE
+        )
+        initial_peft.append(peft)
+        # A pretrained or loaded backbone is the same for every seed; a random one is not.
+        if not frozen or cfg.model.init == "random":
+            frozen.append(backbone)
+    frozen_axis = 0 if axis.vmapped and cfg.model.init == "random" else None
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    frozen_tree = jax.device_put(axis.stack(frozen) if frozen_axis == 0 else frozen[0], replicated)
+    del frozen
+    return Run(
+        cfg=cfg,
+        workdir=workdir,
+        mesh=mesh,
+        is_main=jax.process_index() == 0,
+        data=data,
+        axis=axis,
+        keys=keys,
+        initial_peft=tuple(initial_peft),
+        frozen=frozen_tree,
+        frozen_axis=frozen_axis,
+        fingerprint=checkpointing.backbone_fingerprint(frozen_tree),
+        method=methods.get(cfg.method.name)(cfg),
+        net=methods.Network(cfg.model),
+        step_cfg=step_config(cfg),
+        loss_fn=losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
+        annealed=losses.is_annealed(cfg.loss.name),
+    )

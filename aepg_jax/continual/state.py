@@ -1,0 +1,103 @@
+"""The run's train state: building it at a task's start, and its shape in a checkpoint.
+
+The trainable tree during task t is the initial PEFT plus heads 0..t (each initialised from
+the seed's key, `fold_in(key, 1000 + t)`) plus whatever the method grows for tasks 0..t
+(`fold_in(key, 2000 + t)`); rebuilding it from the keys gives any checkpoint's structure.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from aepg_jax import partition
+from aepg_jax.continual import train_step as ts
+from aepg_jax.continual.setup import Run
+from aepg_jax.models import head
+from aepg_jax.runs import checkpointing
+
+Params = dict[str, Any]
+
+# Version of the checkpointed state's layout; a checkpoint of another layout is refused.
+# 2: the method's state is `TrainState.method_state` (1 had `offline_peft` and an `lwf` item).
+STATE_LAYOUT = 2
+
+
+def optimizer(cfg, trainable: Params) -> optax.GradientTransformationExtraArgs:
+    """Adam (`optim.*`) on the PEFT and head leaves; PEFT updates gated by the phase flag."""
+    o = cfg.optim
+    return partition.make_optimizer(
+        partition.label_params(trainable), optax.adam(o.learning_rate, o.b1, o.b2, o.eps)
+    )
+
+
+def grow(run: Run, trainable: Params, task: int) -> Params:
+    """Adds task `task`'s head and the method's own task leaves to every seed's tree."""
+
+    def one_seed(i: int, tree: Params) -> Params:
+        key = run.keys[i]
+        tree = head.grow(
+            tree,
+            jax.random.fold_in(key, 1000 + task),
+            run.head_sizes[task],
+            run.cfg.model.hidden_size,
+        )
+        return run.method.grow(task, tree, jax.random.fold_in(key, 2000 + task))
+
+    return run.axis.map(one_seed, trainable)
+
+
+def trainable_for(run: Run, task: int) -> Params:
+    """The trainable tree of task `task` as first built (deterministic per seed)."""
+    trainable = run.axis.stack(list(run.initial_peft))
+    for t in range(task + 1):
+        trainable = grow(run, trainable, t)
+    return trainable
+
+
+def fresh_state(
+    run: Run, trainable: Params, method_state: Params, global_step: int
+) -> ts.TrainState:
+    """A task's first state: a new optimizer state, task step 0, the seed's RNG."""
+    tx = optimizer(run.cfg, run.axis.unstack(trainable)[0])
+    states = [
+        ts.TrainState(
+            trainable=tr,
+            opt_state=tx.init(tr),
+            method_state=ms,
+            task_step=jnp.zeros([], jnp.int32),
+            global_step=jnp.asarray(global_step, jnp.int32),
+            rng=jax.random.fold_in(key, 7),
+            first_bad_step=jnp.asarray(-1, jnp.int32),
+        )
+        for tr, ms, key in zip(
+            run.axis.unstack(trainable), run.axis.unstack(method_state), run.keys, strict=True
+        )
+    ]
+    # Copies: the train step donates its state, which must never alias `initial_peft`.
+    state = jax.tree.map(lambda x: jnp.array(x, copy=True), run.axis.stack(states))
+    return jax.device_put(state, run.replicated)
+
+
+def checkpoint_target(run: Run, meta: dict) -> dict[str, ts.TrainState]:
+    """A state of the structure of the checkpoint described by `meta` (values arbitrary)."""
+    where = os.path.join(run.workdir, "checkpoints")
+    if meta.get("state_layout") != STATE_LAYOUT:
+        raise checkpointing.IncompatibleCheckpoint(
+            f"The checkpoints in {where} were written by an older aepg_jax (state layout "
+            f"{meta.get('state_layout', 1)}, this one reads {STATE_LAYOUT}); use a new workdir."
+        )
+    if meta.get("seeds") != list(run.axis.seeds):
+        raise checkpointing.IncompatibleCheckpoint(
+            f"The checkpoints in {where} hold seeds {meta.get('seeds')}, this run trains "
+            f"{list(run.axis.seeds)}; use a new workdir."
+        )
+    task, phase = meta["task"], meta["phase"]
+    trainable = trainable_for(run, task)
+    one = run.method.state_like(task, phase, lambda t: run.axis.unstack(trainable_for(run, t))[0])
+    method_state = run.axis.stack([one] * len(run.axis.seeds))
+    return {"state": fresh_state(run, trainable, method_state, 0)}

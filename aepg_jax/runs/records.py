@@ -1,0 +1,170 @@
+"""Run records shared by every trainer: metrics.jsonl (one JSON object per line) and atomic
+JSON results files.
+
+`metrics.jsonl` holds one JSON object per line, each with a `type` field (the writer enforces
+only `type`; each trainer documents its records). A killed run's partial last line is dropped
+when the file is continued, and `read_metrics` drops the records a resumed run repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+RESULTS_FILE = "results.json"
+
+
+def to_jsonable(x: Any) -> Any:
+    """`x` with NumPy / JAX arrays and scalars as Python values, NaN and inf as None."""
+    if isinstance(x, Mapping):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [to_jsonable(v) for v in x]
+    if isinstance(x, bool | int | str) or x is None:
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, np.generic) or hasattr(x, "__array__"):
+        return to_jsonable(np.asarray(x).tolist())
+    if hasattr(x, "to_dict"):  # ml_collections.ConfigDict
+        return to_jsonable(x.to_dict())
+    raise TypeError(f"Cannot write {type(x).__name__} to JSON: {x!r}.")
+
+
+def _dumps(x: Any, **kwargs: Any) -> str:
+    return json.dumps(to_jsonable(x), allow_nan=False, **kwargs)
+
+
+def _drop_partial_last_line(path: Path) -> None:
+    """Truncates `path` after its last newline: removes a line cut off by a killed run."""
+    with open(path, "rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        pos = end
+        while pos > 0:
+            start = max(0, pos - 4096)
+            f.seek(start)
+            chunk = f.read(pos - start)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                break
+            pos = start
+        else:
+            keep = 0
+        if keep < end:
+            f.truncate(keep)
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to `<workdir>/metrics.jsonl`, flushed after each line.
+
+    An existing file is continued (a resumed run); a partial last line left by a killed run is
+    removed first. With `enabled=False` (processes other than 0) every call is a no-op.
+    """
+
+    def __init__(self, workdir: str | os.PathLike, enabled: bool = True):
+        self.path = Path(workdir) / METRICS_FILE
+        self.enabled = enabled
+        self._file = None
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                _drop_partial_last_line(self.path)
+            self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: str | Mapping[str, Any], /, **fields: Any) -> None:
+        """Writes one line (NaN -> null): `write("train", step=1, ...)` or
+        `write({"type": "train", "step": 1, ...})`; keyword fields update a dict record."""
+        if not self.enabled:
+            return
+        if self._file is None:
+            raise ValueError(f"MetricsWriter for {self.path} is closed.")
+        line = {"type": record, **fields} if isinstance(record, str) else {**record, **fields}
+        if not isinstance(line.get("type"), str) or not line["type"]:
+            raise ValueError(f"A metrics record needs a non-empty string `type`; got {line!r}.")
+        self._file.write(_dumps(line) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _timeline_key(record: Mapping[str, Any]) -> tuple[float, float]:
+    task = record.get("task")
+    return (float(record["step"]), -1.0 if task is None else float(task))
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl (a file or a workdir), in file order, without resume repeats.
+
+    A truncated last line is skipped silently, any other unreadable line with a warning. Records
+    with a `step` form one timeline per `type`, ordered by `(step, task)`: a record that does
+    not move its timeline forward marks a resumed run, and the earlier records of that type at
+    or after its `(step, task)` are dropped. So only the last occurrence of each (type, task,
+    step) is kept, and so are no steps of an abandoned run that the resumed run did not repeat.
+    Records without a `step` are all kept.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    lines = path.read_text(encoding="utf-8").split("\n")
+    kept: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    loose: list[tuple[int, dict[str, Any]]] = []
+    for n, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if n < len(lines) - 1:  # the last element has no newline: a cut-off write
+                warnings.warn(f"{path}:{n + 1}: skipping unreadable line ({e}).", stacklevel=2)
+            continue
+        if "step" not in record or record["step"] is None:
+            loose.append((n, record))
+            continue
+        timeline = kept.setdefault(str(record.get("type")), [])
+        key = _timeline_key(record)
+        while timeline and _timeline_key(timeline[-1][1]) >= key:
+            timeline.pop()
+        timeline.append((n, record))
+    merged = loose + [item for timeline in kept.values() for item in timeline]
+    return [record for _, record in sorted(merged, key=lambda item: item[0])]
+
+
+def write_results(
+    workdir: str | os.PathLike, results: Mapping[str, Any], filename: str = RESULTS_FILE
+) -> Path:
+    """Writes `<workdir>/<filename>` atomically (temp file + `os.replace`), NaN -> null."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    text = _dumps(results, indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=workdir, prefix=f".{filename}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, workdir / filename)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return workdir / filename
