@@ -163,15 +163,26 @@ def _check(condition: bool, message: str, problems: list[str]) -> None:
         problems.append(message)
 
 
-def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
-    """Raises ValueError listing every impossible value, each with what to change."""
-    p: list[str] = []
-    d, o, m = cfg.data, cfg.optim, cfg.method
-    _check(
-        cfg.get("trainer", "continual") == "continual",
-        f"trainer={cfg.get('trainer')!r}: this config schema is the continual trainer's.",
-        p,
-    )
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _positive_ints(fields: dict[str, object], p: list[str]) -> None:
+    for name, value in fields.items():
+        _check(_is_int(value) and value >= 1, f"{name}={value!r} must be an integer >= 1.", p)
+
+
+def _seeds(fields: dict[str, object], p: list[str]) -> None:
+    for name, value in fields.items():
+        _check(
+            value is None or (_is_int(value) and value >= 0),
+            f"{name}={value!r} must be an integer >= 0.",
+            p,
+        )
+
+
+def _validate_data(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
+    d = cfg.data
     _check(
         d.source in datasets.SOURCES,
         f"data.source={d.source!r} is unknown; use one of {', '.join(datasets.SOURCES)}.",
@@ -183,8 +194,17 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         p,
     )
     _check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=<tfds name>.", p)
-    _check(cfg.num_seeds >= 1, f"num_seeds={cfg.num_seeds} must be >= 1.", p)
-    _check(d.num_tasks >= 1, f"data.num_tasks={d.num_tasks} must be >= 1.", p)
+    _positive_ints({"num_seeds": cfg.num_seeds, "data.num_tasks": d.num_tasks}, p)
+    _positive_ints({"data.store_size": d.store_size}, p)
+    _seeds(
+        {
+            "seed": cfg.seed,
+            "data.split_seed": d.split_seed,
+            "data.class_order_seed": d.class_order_seed,
+            "data.noise_seed": d.noise_seed,
+        },
+        p,
+    )
     _check(0.0 <= d.label_noise < 1.0, f"data.label_noise={d.label_noise} must be in [0, 1).", p)
     _check(
         cfg.input.normalize in NORMALIZE,
@@ -199,37 +219,104 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     for name in ("crop_scale", "crop_ratio"):
         lo, hi = d[name]
         _check(0 < lo <= hi, f"data.{name}={tuple(d[name])} must satisfy 0 < lo <= hi.", p)
+    _check(d.crop_scale[1] <= 1.0, f"data.crop_scale={tuple(d.crop_scale)}: hi must be <= 1.", p)
     _check(0.0 <= d.flip_prob <= 1.0, f"data.flip_prob={d.flip_prob} must be in [0, 1].", p)
+
+
+def _validate_model(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
+    m = cfg.model
+    _positive_ints(
+        {
+            f"model.{k}": m[k]
+            for k in (
+                "patch_size",
+                "hidden_size",
+                "depth",
+                "num_heads",
+                "mlp_dim",
+                "image_size",
+                "num_channels",
+            )
+        },
+        p,
+    )
+    if _is_int(m.hidden_size) and _is_int(m.num_heads) and m.num_heads >= 1:
+        _check(
+            m.hidden_size % m.num_heads == 0,
+            f"model.hidden_size={m.hidden_size} must be a multiple of "
+            f"model.num_heads={m.num_heads}.",
+            p,
+        )
+    if _is_int(m.image_size) and _is_int(m.patch_size) and m.patch_size >= 1:
+        _check(
+            m.image_size % m.patch_size == 0,
+            f"model.image_size={m.image_size} must be a multiple of "
+            f"model.patch_size={m.patch_size}.",
+            p,
+        )
+    _check(m.num_channels == 3, f"model.num_channels={m.num_channels}: images are RGB, use 3.", p)
     _check(
-        cfg.model.peft.kind in peft_lib.PEFT_KINDS,
-        f"model.peft.kind={cfg.model.peft.kind!r}: use one of {peft_lib.PEFT_KINDS}.",
+        m.peft.kind in peft_lib.PEFT_KINDS,
+        f"model.peft.kind={m.peft.kind!r}: use one of {peft_lib.PEFT_KINDS}.",
+        p,
+    )
+    _positive_ints(
+        {f"model.peft.{k}": m.peft[k] for k in ("lora_rank", "adapter_dim", "prefix_length")}, p
+    )
+    bad_blocks = [b for b in m.peft.blocks if not (_is_int(b) and 0 <= b < m.depth)]
+    _check(
+        not bad_blocks,
+        f"model.peft.blocks={tuple(m.peft.blocks)}: blocks must be in [0, model.depth={m.depth}).",
         p,
     )
     _check(
-        cfg.model.dtype in vit.COMPUTE_DTYPES,
-        f"model.dtype={cfg.model.dtype!r}: use one of {tuple(vit.COMPUTE_DTYPES)}.",
+        m.dtype in vit.COMPUTE_DTYPES,
+        f"model.dtype={m.dtype!r}: use one of {tuple(vit.COMPUTE_DTYPES)}.",
         p,
     )
+    _check(m.init in MODEL_INITS, f"model.init={m.init!r}: use one of {MODEL_INITS}.", p)
     _check(
-        cfg.model.init in MODEL_INITS,
-        f"model.init={cfg.model.init!r}: use one of {MODEL_INITS}.",
-        p,
-    )
-    _check(
-        cfg.model.init != "augreg" or bool(cfg.model.checkpoint),
+        m.init != "augreg" or bool(m.checkpoint),
         "model.init=augreg needs model.checkpoint=<path to the .npz you downloaded>.",
         p,
     )
+
+
+def _validate_pretrain(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
+    t = cfg.pretrain
+    _check(
+        t.dataset in datasets.SOURCES,
+        f"pretrain.dataset={t.dataset!r} is unknown; use one of {', '.join(datasets.SOURCES)}.",
+        p,
+    )
+    _positive_ints({"pretrain.epochs": t.epochs, "pretrain.batch_size": t.batch_size}, p)
+    _check(t.learning_rate > 0, f"pretrain.learning_rate={t.learning_rate} must be > 0.", p)
+    _seeds({"pretrain.seed": t.seed}, p)
+
+
+def _validate_training(cfg: ml_collections.ConfigDict, num_devices: int, p: list[str]) -> None:
+    o = cfg.optim
     try:
         losses.get_loss(cfg.loss.name, **loss_kwargs(cfg))
     except ValueError as err:
         p.append(f"loss: {err}")
+    _check(0.0 <= cfg.loss.alpha <= 1.0, f"loss.alpha={cfg.loss.alpha} must be in [0, 1].", p)
+    _check(cfg.loss.gamma >= 0, f"loss.gamma={cfg.loss.gamma} must be >= 0.", p)
+    _check(
+        0.0 <= cfg.loss.smoothing < 1.0,
+        f"loss.smoothing={cfg.loss.smoothing} must be in [0, 1).",
+        p,
+    )
     try:
         schedules.get_schedule(cfg.schedule.name, 1, **schedule_kwargs(cfg))
     except (ValueError, TypeError) as err:
         p.append(f"schedule: {err}")
+    _check(cfg.schedule.tau > 0, f"schedule.tau={cfg.schedule.tau} must be > 0.", p)
     _check(o.learning_rate > 0, f"optim.learning_rate={o.learning_rate} must be > 0.", p)
-    _check(o.epochs >= 1, f"optim.epochs={o.epochs} must be >= 1.", p)
+    for name in ("b1", "b2"):
+        _check(0.0 <= o[name] < 1.0, f"optim.{name}={o[name]} must be in [0, 1).", p)
+    _check(o.eps > 0, f"optim.eps={o.eps} must be > 0.", p)
+    _positive_ints({"optim.epochs": o.epochs, "optim.steps_per_call": o.steps_per_call}, p)
     _check(
         0 <= o.peft_freeze_epochs <= o.epochs,
         f"optim.peft_freeze_epochs={o.peft_freeze_epochs} must be in [0, optim.epochs].",
@@ -240,27 +327,40 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         ("eval.batch_size", cfg.eval.batch_size),
     ):
         _check(
-            batch > 0 and batch % num_devices == 0,
+            _is_int(batch) and batch > 0 and batch % num_devices == 0,
             f"{name}={batch} must be a positive multiple of the {num_devices} device(s).",
             p,
         )
-    _check(o.steps_per_call >= 1, f"optim.steps_per_call={o.steps_per_call} must be >= 1.", p)
+
+
+def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
+    """Raises ValueError listing every impossible value, each with what to change."""
+    p: list[str] = []
     _check(
-        m.name in methods.REGISTRY,
-        f"method.name={m.name!r}: use one of {tuple(methods.REGISTRY)}.",
+        cfg.get("trainer", "continual") == "continual",
+        f"trainer={cfg.get('trainer')!r}: this config schema is the continual trainer's.",
+        p,
+    )
+    _validate_data(cfg, p)
+    _validate_model(cfg, p)
+    _validate_pretrain(cfg, p)
+    _validate_training(cfg, num_devices, p)
+    _check(
+        cfg.method.name in methods.REGISTRY,
+        f"method.name={cfg.method.name!r}: use one of {tuple(methods.REGISTRY)}.",
         p,
     )
     for method in methods.REGISTRY.values():  # every method's fields, whichever runs
         p.extend(method.check(cfg))
-    _check(cfg.log_every_steps >= 1, f"log_every_steps={cfg.log_every_steps} must be >= 1.", p)
+    _positive_ints({"log_every_steps": cfg.log_every_steps}, p)
     _check(
-        cfg.checkpoint_every_steps >= 0,
+        _is_int(cfg.checkpoint_every_steps) and cfg.checkpoint_every_steps >= 0,
         f"checkpoint_every_steps={cfg.checkpoint_every_steps} must be >= 0 (0: per task).",
         p,
     )
     _check(
         cfg.max_steps_per_task is None or cfg.max_steps_per_task >= 1,
-        "max_steps_per_task must be unset or >= 1.",
+        f"max_steps_per_task={cfg.max_steps_per_task} must be unset or >= 1.",
         p,
     )
     if p:

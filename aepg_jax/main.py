@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from aepg_jax import config_lib
+from aepg_jax import cli, config_lib
 from aepg_jax.checkpoints import augreg
 from aepg_jax.continual import loop
+from aepg_jax.runs import checkpointing
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import trainer as scratch_trainer
 
@@ -37,7 +37,13 @@ _WORKDIR = flags.DEFINE_string(
 flags.mark_flags_as_required(["config", "workdir"])
 
 # Errors that mean "the user must change something": shown as one line, not a traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError, augreg.CheckpointError)
+USER_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    FloatingPointError,
+    augreg.CheckpointError,
+    checkpointing.NoRestorableCheckpoint,
+)
 
 # config.trainer -> (validate(cfg, num_devices), run(cfg, workdir)).
 TRAINERS = {
@@ -97,15 +103,16 @@ def main(argv: list[str]) -> None:
     if cfg.distributed or os.environ.get("JAX_COORDINATOR_ADDRESS"):
         jax.distributed.initialize()
     workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        cli.fail(f"--workdir={_WORKDIR.value} is an existing file; name a directory.")
     try:
         validate, run = select_trainer(cfg)
         validate(cfg, jax.device_count())
         check_or_save_config(cfg, workdir)
         run(cfg, workdir)
     except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail(str(err))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, _CONFIG))

@@ -126,13 +126,7 @@ def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
     bar.close()
     if not np.isfinite(float(loss)):
         raise FloatingPointError(f"Pretraining on {ds.name} diverged (loss {float(loss)}).")
-    hits = sum(
-        int(correct(params, b))
-        for b in loader.iterate(
-            test.images, test.labels, np.arange(len(test)), batch_size, mesh, train=False
-        )
-    )
-    accuracy = hits / len(test)
+    accuracy = _accuracy(correct, params, test, batch_size, mesh)
     logging.info(
         "Pretrained on %s: test accuracy %.4f in %.0f s.", ds.name, accuracy, time.time() - start
     )
@@ -141,6 +135,34 @@ def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
         f"({time.time() - start:.0f} s) -> {path}"
     )
 
+    check_above_chance(accuracy, num_classes, ds.name)
+    _save_backbone(
+        path, params, {"dataset": ds.name, "test_accuracy": accuracy, "epochs": p.epochs}
+    )
+    return path
+
+
+def _accuracy(correct, params, split: cache.CachedSplit, batch_size: int, mesh) -> float:
+    """Fraction of `split` that `correct(params, batch)` counts as right."""
+    rows = np.arange(len(split))
+    batches = loader.iterate(split.images, split.labels, rows, batch_size, mesh, train=False)
+    return sum(int(correct(params, b)) for b in batches) / len(split)
+
+
+def check_above_chance(accuracy: float, num_classes: int, dataset: str) -> None:
+    """Refuses a backbone whose test accuracy is within 1.5x of chance (1 / classes): it did
+    not learn, and caching it would spoil every later run that reuses it."""
+    chance = 1.0 / num_classes
+    if accuracy < 1.5 * chance:
+        raise ValueError(
+            f"Pretraining on {dataset} reached {100 * accuracy:.1f}% test accuracy, chance is "
+            f"{100 * chance:.1f}%: the backbone is not cached. Check pretrain.learning_rate "
+            "and pretrain.epochs."
+        )
+
+
+def _save_backbone(path: str, params: dict, info: dict) -> None:
+    """Writes the backbone leaves as an `.npz` (atomically) and `info` beside it as JSON."""
     backbone, _ = partition.split(params, partition.label_params(params), (partition.BACKBONE,))
     flat = {name: np.asarray(leaf) for name, leaf in partition.named_leaves(backbone).items()}
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -149,5 +171,4 @@ def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
         np.savez(f, **flat)
     os.replace(tmp, path)
     with open(f"{path[:-4]}.json", "w") as f:
-        json.dump({"dataset": ds.name, "test_accuracy": accuracy, "epochs": p.epochs}, f)
-    return path
+        json.dump(info, f)

@@ -9,7 +9,9 @@ stored and checked on resume.
 Saves are asynchronous (`wait()` before anything depends on them). On resume the newest
 checkpoint is restored; if it is corrupt or partial, the previous one is tried, with a warning,
 and so on. If checkpoints exist but none can be restored, that is an error, never a silent
-fresh start.
+fresh start. Each item's sha256 (`tree_digest`, over leaf paths, shapes, dtypes and bytes) is
+saved in `meta["digests"]` and checked after the restore: a checkpoint whose array bytes
+changed on disk counts as unreadable.
 """
 
 from __future__ import annotations
@@ -27,9 +29,36 @@ import orbax.checkpoint as ocp
 from aepg_jax import partition
 
 
+class NoRestorableCheckpoint(RuntimeError):
+    """Checkpoints exist but none of them can be restored."""
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint whose restored arrays do not match the digest saved with them."""
+
+
 class IncompatibleCheckpoint(ValueError):
     """A readable checkpoint that this run cannot continue (another state layout or seeds):
     raised by a restore target builder, it stops the restore instead of trying older ones."""
+
+
+def tree_digest(tree: Any) -> str:
+    """sha256 over a pytree's leaf paths, shapes, dtypes and bytes (host copies)."""
+    digest = hashlib.sha256()
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    for path, leaf in leaves:
+        array = np.asarray(jax.device_get(leaf))
+        key = jax.tree_util.keystr(path)
+        digest.update(f"{key}:{array.shape}:{array.dtype}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def _short(err: BaseException, limit: int = 160) -> str:
+    """`Type: first line of the message`, cut to `limit` characters."""
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def backbone_fingerprint(frozen: dict[str, Any]) -> str:
@@ -40,6 +69,13 @@ def backbone_fingerprint(frozen: dict[str, Any]) -> str:
         digest.update(f"{name}:{array.shape}:{array.dtype}".encode())
         digest.update(np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()
+
+
+def _verify(restored: dict[str, Any], args: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Raises CorruptCheckpoint unless every restored item matches its saved digest."""
+    for name, expected in meta.get("digests", {}).items():
+        if name in args and tree_digest(restored[name]) != expected:
+            raise CorruptCheckpoint(f"the arrays of item {name!r} differ from their saved digest")
 
 
 class Checkpointer:
@@ -61,7 +97,10 @@ class Checkpointer:
         if step in self._manager.all_steps():
             self._manager.wait_until_finished()
             self._manager.delete(step)
-        args = {k: ocp.args.StandardSave(v) for k, v in items.items() if jax.tree.leaves(v)}
+        items = {k: v for k, v in items.items() if jax.tree.leaves(v)}
+        # Digests of the arrays as saved: a restore that reads other bytes is refused.
+        meta = {**meta, "digests": {k: tree_digest(v) for k, v in items.items()}}
+        args = {k: ocp.args.StandardSave(v) for k, v in items.items()}
         self._manager.save(step, args=ocp.args.Composite(**args, meta=ocp.args.JsonSave(meta)))
 
     def wait(self) -> None:
@@ -88,29 +127,29 @@ class Checkpointer:
                     k: ocp.args.StandardRestore(v) for k, v in targets.items() if jax.tree.leaves(v)
                 }
                 restored = self._manager.restore(step, args=ocp.args.Composite(**args))
+                _verify(restored, args, meta)
             except IncompatibleCheckpoint:
                 raise
             except Exception as err:  # any failure means: try the previous checkpoint
-                failures.append(f"step {step}: {type(err).__name__}: {err}")
+                failures.append(f"{step} ({_short(err)})")
                 logging.warning(
                     "Checkpoint %d in %s cannot be restored (%s); trying the previous one.",
                     step,
                     self.directory,
-                    err,
+                    _short(err),
                 )
                 continue
             if failures:
                 logging.warning(
-                    "Resumed from checkpoint %d after skipping %d unreadable newer checkpoint(s).",
+                    "Resumed from checkpoint %d after skipping %d unreadable newer one(s).",
                     step,
                     len(failures),
                 )
             return {k: restored[k] if k in args else v for k, v in targets.items()}, meta
         if steps:
-            raise RuntimeError(
-                f"None of the checkpoints {steps} in {self.directory} can be restored:\n  "
-                + "\n  ".join(failures)
-                + "\nMove the workdir away to start fresh, or fix the files."
+            raise NoRestorableCheckpoint(
+                f"none of the checkpoints in {self.directory} can be restored "
+                f"({'; '.join(failures)}); move the workdir away to start fresh."
             )
         return None
 
