@@ -24,7 +24,8 @@ def one_line(message: str) -> str:
     lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
     if any(line.startswith("Traceback") for line in lines):
         lines = lines[-1:]  # the exception line that ends an embedded traceback
-    return " ".join(lines).strip("'\"")
+    text = " ".join(lines)
+    return re.sub(r"^[A-Z]\w*(Error|Exception): ", "", text)
 
 
 def _unknown_field(argv: list[str], err: BaseException) -> str | None:
@@ -51,9 +52,12 @@ def describe(argv: list[str], err: BaseException) -> str:
         return unknown
     if isinstance(err, SyntaxError):
         return f"{_config_arg(argv)}: syntax error in {err.filename} line {err.lineno}: {err.msg}."
-    if isinstance(err, FileNotFoundError | OSError) and not isinstance(err, flags.Error):
-        return f"{_config_arg(argv)}: {one_line(str(err))}"
-    return one_line(str(err))
+    text = one_line(str(err))
+    if "No such file or directory" in text and "Failed loading config file" in text:
+        return f"{_config_arg(argv)}: no such config file."
+    if "Error whilst parsing config file" in str(err) or "get_config" in str(err):
+        return f"{_config_arg(argv)}: {text}"
+    return text
 
 
 def fail(message: str) -> NoReturn:

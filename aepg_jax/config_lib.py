@@ -363,6 +363,8 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         f"max_steps_per_task={cfg.max_steps_per_task} must be unset or >= 1.",
         p,
     )
+    if len(p) == 1:
+        raise ValueError(f"Invalid config: {p[0]}")
     if p:
         raise ValueError("Invalid config:\n  - " + "\n  - ".join(p))
 

@@ -196,7 +196,8 @@ def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
     ckpt.close()
     _corrupt_arrays(tmp_path / "ckpt" / "1")
     ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
-    with pytest.raises(RuntimeError, match=r"None of the checkpoints \[1\]"):
+    expected = r"none of the checkpoints in .* can be restored \(1 \("
+    with pytest.raises(checkpointing.NoRestorableCheckpoint, match=expected):
         ckpt.restore_latest(lambda meta: {"state": {"w": np.zeros(3)}})
     ckpt.close()
 

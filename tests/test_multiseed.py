@@ -119,5 +119,5 @@ def test_vmapped_run_resumes_from_its_last_task_checkpoint(tmp_path):
 def test_num_seeds_must_be_positive():
     cfg = config_lib.base_config("vit_tiny")
     cfg.num_seeds = 0
-    with pytest.raises(ValueError, match="num_seeds=0 must be >= 1"):
+    with pytest.raises(ValueError, match="Invalid config: num_seeds=0 must be an integer >= 1"):
         config_lib.validate(cfg)

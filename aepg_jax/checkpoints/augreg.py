@@ -55,6 +55,11 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             f"Checkpoint {path!r} does not exist. Download the augreg file named in the README "
             "and pass its local path."
         )
+    if not zipfile.is_zipfile(path):  # numpy's own error for this talks of pickled data
+        raise CheckpointError(
+            f"Checkpoint {path!r} is not an .npz archive: pass the augreg/ViT .npz file "
+            "(a truncated download also looks like this: download it again)."
+        )
     try:
         with np.load(path, allow_pickle=False) as data:
             return {key: np.asarray(data[key]) for key in data.files}

@@ -79,7 +79,10 @@ def initial_params(cfg: ml_collections.ConfigDict, key: jax.Array, mesh) -> Para
     """Backbone (random, augreg file or pretrained) + fresh PEFT, no heads yet."""
     params = vit.init_params(cfg.model, jax.random.fold_in(key, 0))
     if cfg.model.init == "augreg":
-        params = augreg.load_backbone(cfg.model.checkpoint, params)
+        try:
+            params = augreg.load_backbone(cfg.model.checkpoint, params)
+        except augreg.CheckpointError as err:  # name the field the user set
+            raise augreg.CheckpointError(f"model.checkpoint: {err}") from err
     elif cfg.model.init == "pretrained":
         params = augreg.load_backbone(pretrain.pretrain_backbone(cfg, mesh), params)
     return params

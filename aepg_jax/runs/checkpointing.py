@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,24 @@ def backbone_fingerprint(frozen: dict[str, Any]) -> str:
         digest.update(f"{name}:{array.shape}:{array.dtype}".encode())
         digest.update(np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()
+
+
+def _silence_closed_loop_noise() -> None:
+    """After a failed restore, tensorstore's pending reads call back into Orbax's finished
+    asyncio loop; Python reports each as an unraisable `RuntimeError('Event loop is closed')`
+    (hundreds of traceback lines, no effect on the run). Drop exactly those, process-wide."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_aepg_quiet", False):
+        return
+
+    def hook(unraisable) -> None:
+        err = unraisable.exc_value
+        if isinstance(err, RuntimeError) and "Event loop is closed" in str(err):
+            return
+        previous(unraisable)
+
+    hook._aepg_quiet = True
+    sys.unraisablehook = hook
 
 
 def _verify(restored: dict[str, Any], args: dict[str, Any], meta: dict[str, Any]) -> None:
@@ -131,6 +150,7 @@ class Checkpointer:
             except IncompatibleCheckpoint:
                 raise
             except Exception as err:  # any failure means: try the previous checkpoint
+                _silence_closed_loop_noise()
                 failures.append(f"{step} ({_short(err)})")
                 logging.warning(
                     "Checkpoint %d in %s cannot be restored (%s); trying the previous one.",
