@@ -46,6 +46,11 @@ Fields (defaults in brackets):
   optim.batch_size [256]       global batch (a multiple of the device count)
   optim.epochs [50]            epochs per task
   optim.peft_freeze_epochs [30]  head-only epochs at the start of tasks >= 1
+  optim.lr_schedule [constant] constant | cosine_epochs: lr * cos(99 pi e / (200 (E - 1))) in
+                               epoch e of E (CODA-P's and InfLoRA's per-epoch decay), counted
+                               from each optimizer label's first update in the task
+  optim.clip_norm [0.0]        > 0: clip the gradient's global norm (over every trainable leaf)
+                               to this before Adam, as torch's clip_grad_norm_; 0: off
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
   method.name [plain]          plain | lae | lwf (continual/methods/, one module each)
@@ -74,6 +79,7 @@ from aepg_jax.models import vit
 
 MODEL_INITS = ("random", "augreg", "pretrained")
 NORMALIZE = ("minus_one_one", "none")
+LR_SCHEDULES = ("constant", "cosine_epochs")
 
 
 def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
@@ -124,6 +130,8 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         batch_size=256,
         epochs=50,
         peft_freeze_epochs=30,
+        lr_schedule="constant",
+        clip_norm=0.0,
         steps_per_call=1,
     )
     c.method = dict(name="plain", **methods.defaults())
@@ -316,6 +324,12 @@ def _validate_training(cfg: ml_collections.ConfigDict, num_devices: int, p: list
     for name in ("b1", "b2"):
         _check(0.0 <= o[name] < 1.0, f"optim.{name}={o[name]} must be in [0, 1).", p)
     _check(o.eps > 0, f"optim.eps={o.eps} must be > 0.", p)
+    _check(
+        o.lr_schedule in LR_SCHEDULES,
+        f"optim.lr_schedule={o.lr_schedule!r} is unknown; use one of {', '.join(LR_SCHEDULES)}.",
+        p,
+    )
+    _check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm} must be >= 0 (0: no clipping).", p)
     _positive_ints({"optim.epochs": o.epochs, "optim.steps_per_call": o.steps_per_call}, p)
     _check(
         0 <= o.peft_freeze_epochs <= o.epochs,

@@ -393,3 +393,37 @@ def test_bfloat16_compute_runs_end_to_end(tmp_path):
         r["loss"] for r in _read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["type"] == "train"
     ]
     assert losses and all(np.isfinite(losses))
+
+
+def test_cosine_epoch_schedule_and_clipping():
+    """`optim.lr_schedule=cosine_epochs` follows lr cos(99 pi e / (200 (E-1))) per epoch, and
+    `optim.clip_norm` rescales a gradient above that global norm before Adam."""
+    from aepg_jax.continual import state as state_lib
+
+    cfg = config_lib.base_config("vit_tiny")
+    cfg.optim.update(learning_rate=1e-3, epochs=50, lr_schedule="cosine_epochs")
+    lr = state_lib.learning_rate(cfg, steps_per_epoch=4)
+    for count, epoch in ((0, 0), (3, 0), (4, 1), (199, 49), (400, 49)):
+        expected = 1e-3 * np.cos(99 * np.pi * epoch / (200 * 49))
+        np.testing.assert_allclose(float(lr(count)), expected, rtol=1e-5)
+    assert float(lr(199)) / 1e-3 == pytest.approx(0.0157, abs=1e-4)
+
+    cfg.optim.update(lr_schedule="constant", clip_norm=1.0)
+    trainable = {"head": {"kernel": np.zeros((2, 3), np.float32)}}
+    clipped_tx = state_lib.optimizer(cfg, trainable)
+    cfg.optim.clip_norm = 0.0
+    plain_tx = state_lib.optimizer(cfg, trainable)
+    # Adam's first step is scale-free; a large then a small gradient shows the clipping.
+    steps = [np.full((2, 3), 100.0, np.float32), np.full((2, 3), 0.01, np.float32)]
+    by_hand = [steps[0] / np.linalg.norm(steps[0]), steps[1]]  # norm 0.0245 < 1: unchanged
+    s_clip, s_plain = clipped_tx.init(trainable), plain_tx.init(trainable)
+    for g, g_hand in zip(steps, by_hand, strict=True):
+        u_clip, s_clip = clipped_tx.update({"head": {"kernel": g}}, s_clip, trainable)
+        u_hand, s_plain = plain_tx.update({"head": {"kernel": g_hand}}, s_plain, trainable)
+        np.testing.assert_allclose(u_clip["head"]["kernel"], u_hand["head"]["kernel"], 1e-5)
+    unclipped, _ = plain_tx.update(
+        {"head": {"kernel": steps[1]}},
+        plain_tx.update({"head": {"kernel": steps[0]}}, plain_tx.init(trainable), trainable)[1],
+        trainable,
+    )
+    assert not np.allclose(unclipped["head"]["kernel"], u_clip["head"]["kernel"], rtol=1e-3)

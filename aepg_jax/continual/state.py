@@ -27,12 +27,35 @@ Params = dict[str, Any]
 STATE_LAYOUT = 2
 
 
-def optimizer(cfg, trainable: Params) -> optax.GradientTransformationExtraArgs:
-    """Adam (`optim.*`) on the PEFT and head leaves; PEFT updates gated by the phase flag."""
+def learning_rate(cfg, steps_per_epoch: int) -> float | optax.Schedule:
+    """`optim.learning_rate`, constant or decayed per epoch as CODA-P's and InfLoRA's code:
+    `lr_e = lr * cos(99 pi e / (200 (E - 1)))` in epoch `e = count // steps_per_epoch` of E."""
     o = cfg.optim
-    return partition.make_optimizer(
-        partition.label_params(trainable), optax.adam(o.learning_rate, o.b1, o.b2, o.eps)
-    )
+    if o.lr_schedule == "constant":
+        return o.learning_rate  # a float keeps Adam's state free of a schedule count
+    span = 200.0 * max(o.epochs - 1, 1)
+
+    def schedule(count: jax.Array) -> jax.Array:
+        epoch = jnp.minimum(count // steps_per_epoch, o.epochs - 1)
+        return o.learning_rate * jnp.cos(99.0 * jnp.pi * epoch / span)
+
+    return schedule
+
+
+def optimizer(
+    cfg, trainable: Params, steps_per_epoch: int = 1
+) -> optax.GradientTransformationExtraArgs:
+    """Adam (`optim.*`) on the PEFT and head leaves; PEFT updates gated by the phase flag.
+
+    With `optim.clip_norm > 0` the gradient's global norm over every trainable leaf is clipped
+    first (torch's `clip_grad_norm_` over the parameters that train; in a head-only phase the
+    PEFT gradients, which are then discarded, still count in the norm)."""
+    o = cfg.optim
+    adam = optax.adam(learning_rate(cfg, steps_per_epoch), o.b1, o.b2, o.eps)
+    tx = partition.make_optimizer(partition.label_params(trainable), adam)
+    if o.clip_norm > 0:
+        tx = optax.chain(optax.clip_by_global_norm(o.clip_norm), tx)
+    return tx
 
 
 def grow(run: Run, trainable: Params, task: int) -> Params:

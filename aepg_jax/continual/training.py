@@ -91,7 +91,7 @@ def _run_step(run: Run, t: int, state: ts.TrainState) -> Callable:
         schedules.get_schedule(
             cfg.schedule.name, plan.total_steps, **config_lib.schedule_kwargs(cfg)
         ),
-        state_lib.optimizer(cfg, one_seed),
+        state_lib.optimizer(cfg, one_seed, plan.steps_per_epoch),
         partition.label_params(one_seed),
         spec,
         run.step_cfg,
