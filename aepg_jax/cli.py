@@ -69,10 +69,12 @@ def fail(message: str) -> NoReturn:
     sys.exit(EXIT_USER_ERROR)
 
 
-def parse_flags(argv: list[str], config_flag) -> list[str]:
+def parse_flags(
+    argv: list[str], config_flag, flag_values: flags.FlagValues = flags.FLAGS
+) -> list[str]:
     """absl's flag parsing, its failures reported by `fail` as one line."""
     try:
-        rest = flags.FLAGS(argv)
+        rest = flag_values(argv)
         cfg = config_flag.value
         if cfg is None:
             fail("--config is required: --config=configs/<name>.py[:args].")

@@ -114,11 +114,14 @@ def test_runs_end_to_end(tmp_path, method, loss, peft):
         assert alphas == sorted(alphas, reverse=True) and alphas[0] > 0.9
 
 
-def test_rerun_of_a_finished_run_resumes_without_training(tmp_path):
+def test_rerun_of_a_finished_run_resumes_without_training(tmp_path, capsys):
     cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 2, "max_steps_per_task": 2})
     first = loop.run(cfg, str(tmp_path / "run"))
     lines = len(_read_jsonl(tmp_path / "run" / "metrics.jsonl"))
+    capsys.readouterr()
     again = loop.run(cfg, str(tmp_path / "run"))
+    out = capsys.readouterr()
+    assert "is finished (2 tasks)" in out.out + out.err and "resuming" not in out.out + out.err
     assert again["accuracy_matrix"] == first["accuracy_matrix"]
     assert len(_read_jsonl(tmp_path / "run" / "metrics.jsonl")) == lines  # nothing retrained
 
@@ -427,3 +430,16 @@ def test_cosine_epoch_schedule_and_clipping():
         trainable,
     )
     assert not np.allclose(unclipped["head"]["kernel"], u_clip["head"]["kernel"], rtol=1e-3)
+
+
+def test_backbone_at_chance_is_refused_and_not_cached(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"reached 10\.0% test accuracy, chance is 10\.0%"):
+        pretrain.check_above_chance(0.10, 10, "digits")
+    pretrain.check_above_chance(0.16, 10, "digits")  # 1.6x chance: accepted
+    cfg = tiny_config(tmp_path / "cache", **{"model.init": "pretrained", "pretrain.epochs": 1})
+    cfg.pretrain.dataset = "digits"
+    monkeypatch.setattr(pretrain, "_accuracy", lambda *args: 0.09)  # as a broken training ends
+    with pytest.raises(ValueError, match="the backbone is not cached"):
+        pretrain.pretrain_backbone(cfg, loader.data_mesh())
+    cached = tmp_path / "cache" / "pretrained"
+    assert not cached.exists() or not [f for f in os.listdir(cached) if f.endswith(".npz")]

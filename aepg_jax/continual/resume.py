@@ -42,5 +42,15 @@ def restore(
         start_task, start_step = meta["task"], run.axis.first(state.task_step)
     logging.info("Resuming at task %d, step %d.", start_task, start_step)
     if run.is_main:
-        tqdm.tqdm.write(f"resuming from {ckpt.directory}: task {start_task + 1}, step {start_step}")
+        tqdm.tqdm.write(_resume_line(ckpt.directory, start_task, start_step, run.num_tasks))
     return state, start_task, start_step
+
+
+def _resume_line(directory: str, task: int, step: int, num_tasks: int) -> str:
+    """What a resumed run tells the user (a finished one: that there is nothing to train)."""
+    if task >= num_tasks:
+        return (
+            f"the run in {directory} is finished ({num_tasks} tasks): rewriting its reports "
+            "only; use a new --workdir to train again."
+        )
+    return f"resuming from {directory}: task {task + 1}, step {step}"

@@ -9,14 +9,16 @@ stored and checked on resume.
 Saves are asynchronous (`wait()` before anything depends on them). On resume the newest
 checkpoint is restored; if it is corrupt or partial, the previous one is tried, with a warning,
 and so on. If checkpoints exist but none can be restored, that is an error, never a silent
-fresh start. Each item's sha256 (`tree_digest`, over leaf paths, shapes, dtypes and bytes) is
-saved in `meta["digests"]` and checked after the restore: a checkpoint whose array bytes
-changed on disk counts as unreadable.
+fresh start. Each item's sha256 (`tree_digest`, over leaf paths, shapes, dtypes and bytes) and
+the sha256 of the rest of `meta` are saved in `meta["digests"]` and checked on restore (the meta
+before anything reads it, the arrays after): a checkpoint whose bytes changed on disk, or that
+has no digests, counts as unreadable.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -28,6 +30,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from aepg_jax import partition
+
+META_DIGEST = "_meta"  # key of the meta's own digest in meta["digests"]
 
 
 class NoRestorableCheckpoint(RuntimeError):
@@ -53,6 +57,12 @@ def tree_digest(tree: Any) -> str:
         digest.update(f"{key}:{array.shape}:{array.dtype}".encode())
         digest.update(np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()
+
+
+def _meta_digest(meta: dict[str, Any]) -> str:
+    """sha256 of `meta` without its `digests` entry (canonical JSON)."""
+    rest = {k: v for k, v in meta.items() if k != "digests"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
 
 
 def _short(err: BaseException, limit: int = 160) -> str:
@@ -90,10 +100,18 @@ def _silence_closed_loop_noise() -> None:
     sys.unraisablehook = hook
 
 
-def _verify(restored: dict[str, Any], args: dict[str, Any], meta: dict[str, Any]) -> None:
+def _verify_meta(meta: Any) -> None:
+    """Raises CorruptCheckpoint unless `meta` carries digests and matches its own."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("digests"), dict):
+        raise CorruptCheckpoint("its metadata has no digests")
+    if meta["digests"].get(META_DIGEST) != _meta_digest(meta):
+        raise CorruptCheckpoint("its metadata differs from its saved digest")
+
+
+def _verify_items(restored: dict[str, Any], names: Any, meta: dict[str, Any]) -> None:
     """Raises CorruptCheckpoint unless every restored item matches its saved digest."""
-    for name, expected in meta.get("digests", {}).items():
-        if name in args and tree_digest(restored[name]) != expected:
+    for name in names:
+        if tree_digest(restored[name]) != meta["digests"].get(name):
             raise CorruptCheckpoint(f"the arrays of item {name!r} differ from their saved digest")
 
 
@@ -118,7 +136,8 @@ class Checkpointer:
             self._manager.delete(step)
         items = {k: v for k, v in items.items() if jax.tree.leaves(v)}
         # Digests of the arrays as saved: a restore that reads other bytes is refused.
-        meta = {**meta, "digests": {k: tree_digest(v) for k, v in items.items()}}
+        digests = {k: tree_digest(v) for k, v in items.items()}
+        meta = {**meta, "digests": {**digests, META_DIGEST: _meta_digest(meta)}}
         args = {k: ocp.args.StandardSave(v) for k, v in items.items()}
         self._manager.save(step, args=ocp.args.Composite(**args, meta=ocp.args.JsonSave(meta)))
 
@@ -141,12 +160,13 @@ class Checkpointer:
                 meta = self._manager.restore(
                     step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
                 )["meta"]
+                _verify_meta(meta)  # before make_targets trusts its fields
                 targets = make_targets(meta)
                 args = {
                     k: ocp.args.StandardRestore(v) for k, v in targets.items() if jax.tree.leaves(v)
                 }
                 restored = self._manager.restore(step, args=ocp.args.Composite(**args))
-                _verify(restored, args, meta)
+                _verify_items(restored, args, meta)
             except IncompatibleCheckpoint:
                 raise
             except Exception as err:  # any failure means: try the previous checkpoint
