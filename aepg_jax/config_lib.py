@@ -315,11 +315,12 @@ def _validate_training(cfg: ml_collections.ConfigDict, num_devices: int, p: list
         f"loss.smoothing={cfg.loss.smoothing} must be in [0, 1).",
         p,
     )
+    _check(cfg.schedule.tau > 0, f"schedule.tau={cfg.schedule.tau} must be > 0.", p)
     try:
-        schedules.get_schedule(cfg.schedule.name, 1, **schedule_kwargs(cfg))
+        if cfg.schedule.tau > 0:  # else named above
+            schedules.get_schedule(cfg.schedule.name, 1, **schedule_kwargs(cfg))
     except (ValueError, TypeError) as err:
         p.append(f"schedule: {err}")
-    _check(cfg.schedule.tau > 0, f"schedule.tau={cfg.schedule.tau} must be > 0.", p)
     _check(o.learning_rate > 0, f"optim.learning_rate={o.learning_rate} must be > 0.", p)
     for name in ("b1", "b2"):
         _check(0.0 <= o[name] < 1.0, f"optim.{name}={o[name]} must be in [0, 1).", p)
@@ -377,10 +378,8 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         f"max_steps_per_task={cfg.max_steps_per_task} must be unset or >= 1.",
         p,
     )
-    if len(p) == 1:
-        raise ValueError(f"Invalid config: {p[0]}")
     if p:
-        raise ValueError("Invalid config:\n  - " + "\n  - ".join(p))
+        raise ValueError("Invalid config: " + "; ".join(p))
 
 
 def validate_against_dataset(cfg: ml_collections.ConfigDict, num_classes: int) -> None:

@@ -57,8 +57,8 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         )
     if not zipfile.is_zipfile(path):  # numpy's own error for this talks of pickled data
         raise CheckpointError(
-            f"Checkpoint {path!r} is not an .npz archive: pass the augreg/ViT .npz file "
-            "(a truncated download also looks like this: download it again)."
+            f"Checkpoint {path!r} is not a readable .npz file (not a zip archive): pass the "
+            "augreg/ViT .npz file; a truncated download also looks like this: download it again."
         )
     try:
         with np.load(path, allow_pickle=False) as data:

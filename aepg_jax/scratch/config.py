@@ -163,7 +163,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         p,
     )
     if p:
-        raise ValueError("Invalid config:\n  - " + "\n  - ".join(p))
+        raise ValueError("Invalid config: " + "; ".join(p))
 
 
 def resnet_spec(cfg: ml_collections.ConfigDict) -> resnet.ResNetSpec:
