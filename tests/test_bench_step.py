@@ -22,7 +22,7 @@ def test_bench_jax_vit_tiny_reports_positive_throughput(bench):
     assert math.isfinite(ips) and ips > 0
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_jax_only_main_prints_table_without_torch(bench, capsys, dtype):
     args = ["--model", "vit_tiny", "--peft", "prefix", "--jax-only", "--steps", "1"]
     results = bench.main([*args, "--rounds", "1", "--dtype", dtype])

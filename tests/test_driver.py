@@ -229,6 +229,7 @@ def _run_subprocess(cache, workdir, overrides, env=None, wait=True):
     )
 
 
+@pytest.mark.slow  # CI: resume in tests/test_multiseed.py, fallback in test_integrity
 def test_sigkill_mid_task_then_resume_matches_an_uninterrupted_run(tmp_path):
     overrides = {
         "method.name": "lae",
@@ -385,6 +386,7 @@ def test_scanned_steps_match_the_per_step_loop(tmp_path):
     )  # at most ~1 test image
 
 
+@pytest.mark.slow  # CI: bfloat16 compute is unit-tested in tests/test_models.py
 def test_bfloat16_compute_runs_end_to_end(tmp_path):
     cfg = tiny_config(
         tmp_path / "cache",
