@@ -9,7 +9,8 @@ function checks it; it is then saved as
 `DIR/config.json`. Re-running with the same config and workdir resumes from the newest
 checkpoint; a different config on an existing run's workdir is refused. Multi-host: pass
 `--config.distributed=True` (or set JAX_COORDINATOR_ADDRESS) to call
-`jax.distributed.initialize()` first.
+`jax.distributed.initialize()` first; `python -m aepg_jax.launch` starts several processes on
+one machine (`hosts.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from aepg_jax import cli, config_lib
+from aepg_jax import cli, config_lib, hosts
 from aepg_jax.checkpoints import augreg
 from aepg_jax.continual import loop
 from aepg_jax.runs import checkpointing
@@ -100,8 +101,10 @@ def main(argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax and XLA log a lot at INFO
     cfg = _CONFIG.value
-    if cfg.distributed or os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        jax.distributed.initialize()
+    try:
+        hosts.initialize(cfg.distributed)
+    except ValueError as err:
+        cli.fail(str(err))
     workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         cli.fail(f"--workdir={_WORKDIR.value} is an existing file; name a directory.")

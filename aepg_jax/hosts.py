@@ -1,0 +1,98 @@
+"""The processes of a run: starting JAX's distributed runtime, and what they must agree on.
+
+A run of N processes (hosts, or several processes on one machine via `aepg_jax.launch`) is one
+SPMD program: every process runs the same code on the same config, JAX's collectives join
+their devices into one mesh, process 0 writes the files. `initialize(distributed)` starts the
+runtime from the environment:
+
+* `AEPG_NUM_PROCESSES`, `AEPG_PROCESS_ID` and `JAX_COORDINATOR_ADDRESS` (host:port of process
+  0), as `aepg_jax.launch` sets them; or
+* `--config.distributed=True` / `JAX_COORDINATOR_ADDRESS` alone: `jax.distributed.initialize()`
+  detects the rest from the cluster (SLURM, Open MPI, Cloud TPU, Kubernetes).
+
+`AEPG_HEARTBEAT_TIMEOUT_S` (default 100, JAX's) bounds how long the survivors of a process
+that died alone keep running: JAX's coordination service then aborts them with "another task
+died". On CPU, cross-process collectives use gloo (`JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo`,
+JAX's default since 0.5; set explicitly here).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+ENV_NUM_PROCESSES = "AEPG_NUM_PROCESSES"
+ENV_PROCESS_ID = "AEPG_PROCESS_ID"
+ENV_HEARTBEAT = "AEPG_HEARTBEAT_TIMEOUT_S"
+ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
+CPU_COLLECTIVES = "gloo"
+
+
+def _env_int(name: str) -> int | None:
+    text = os.environ.get(name)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} must be an integer.") from None
+
+
+def launched_processes() -> tuple[int, int] | None:
+    """(num_processes, process_id) set by `aepg_jax.launch`, or None."""
+    n, i = _env_int(ENV_NUM_PROCESSES), _env_int(ENV_PROCESS_ID)
+    if n is None and i is None:
+        return None
+    if n is None or i is None or not 0 <= i < n:
+        raise ValueError(
+            f"{ENV_NUM_PROCESSES}={n} and {ENV_PROCESS_ID}={i}: set both, with "
+            "0 <= process id < number of processes (aepg_jax.launch does)."
+        )
+    if not os.environ.get(ENV_COORDINATOR):
+        raise ValueError(f"{ENV_NUM_PROCESSES} is set but {ENV_COORDINATOR} (host:port) is not.")
+    return n, i
+
+
+def initialize(distributed: bool) -> bool:
+    """Starts JAX's distributed runtime when the run has several processes; True if it did.
+
+    Must run before anything touches a JAX device."""
+    launched = launched_processes()
+    if launched is None and not (distributed or os.environ.get(ENV_COORDINATOR)):
+        return False
+    # Cross-process all-reduce on CPU needs a collectives backend (harmless on GPU/TPU).
+    jax.config.update("jax_cpu_collectives_implementation", CPU_COLLECTIVES)
+    kwargs = {}
+    heartbeat = _env_int(ENV_HEARTBEAT)
+    if heartbeat is not None:
+        kwargs["heartbeat_timeout_seconds"] = heartbeat
+    if launched is not None:
+        kwargs.update(
+            coordinator_address=os.environ[ENV_COORDINATOR],
+            num_processes=launched[0],
+            process_id=launched[1],
+        )
+    jax.distributed.initialize(**kwargs)
+    return True
+
+
+def is_main() -> bool:
+    """Whether this process writes the run's files (process 0)."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Waits until every process reaches the barrier `name` (no-op with one process)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def main_value(value: bool) -> bool:
+    """Process 0's `value` on every process: a host-side decision (e.g. "is this file there?")
+    that all processes must take alike, else their collectives would diverge and hang."""
+    if jax.process_count() == 1:
+        return value
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(value)))
