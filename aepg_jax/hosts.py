@@ -18,17 +18,24 @@ JAX's default since 0.5; set explicitly here).
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-ENV_NUM_PROCESSES = "AEPG_NUM_PROCESSES"
-ENV_PROCESS_ID = "AEPG_PROCESS_ID"
+from aepg_jax.launch import (
+    CPU_COLLECTIVES,
+    ENV_COORDINATOR,
+    ENV_LAUNCHER_PID,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+)
+
 ENV_HEARTBEAT = "AEPG_HEARTBEAT_TIMEOUT_S"
-ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
-CPU_COLLECTIVES = "gloo"
+_PR_SET_PDEATHSIG = 1
 
 
 def _env_int(name: str) -> int | None:
@@ -56,11 +63,25 @@ def launched_processes() -> tuple[int, int] | None:
     return n, i
 
 
+def _die_with_launcher() -> None:
+    """A launched process is SIGKILLed when its launcher dies (Linux), never orphaned."""
+    launcher = _env_int(ENV_LAUNCHER_PID)
+    if launcher is None:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return  # not Linux: JAX's heartbeat timeout stops an orphan
+    if os.getppid() != launcher:  # the launcher died before prctl
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def initialize(distributed: bool) -> bool:
     """Starts JAX's distributed runtime when the run has several processes; True if it did.
 
     Must run before anything touches a JAX device."""
     launched = launched_processes()
+    _die_with_launcher()
     if launched is None and not (distributed or os.environ.get(ENV_COORDINATOR)):
         return False
     # Cross-process all-reduce on CPU needs a collectives backend (harmless on GPU/TPU).

@@ -9,7 +9,7 @@ process gets its own CPU devices (`JAX_NUM_CPU_DEVICES`), its id (`AEPG_PROCESS_
 gloo (CPU collectives). The launcher waits for all of them and exits with their status. If
 one fails or dies, the others are stopped (SIGTERM, then SIGKILL after `--grace_s`) and the
 launcher names it and exits with its status (128 + signal for a killed process). If the
-launcher itself dies, its children are killed too (Linux).
+launcher itself dies, its children kill themselves (`hosts.initialize`, Linux).
 
 It simulates a multi-host job on one machine (tests, debugging); on real hosts start the same
 command on every host with `--config.distributed=True` (see the README, "Devices and hosts").
@@ -18,7 +18,6 @@ command on every host with `--config.distributed=True` (see the README, "Devices
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import socket
@@ -26,9 +25,12 @@ import subprocess
 import sys
 import time
 
-from aepg_jax import hosts
-
-_PR_SET_PDEATHSIG = 1
+# The environment of a launched process, read by `aepg_jax.hosts` (this module imports no JAX).
+ENV_NUM_PROCESSES = "AEPG_NUM_PROCESSES"
+ENV_PROCESS_ID = "AEPG_PROCESS_ID"
+ENV_LAUNCHER_PID = "AEPG_LAUNCHER_PID"
+ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
+CPU_COLLECTIVES = "gloo"
 
 
 def free_port() -> int:
@@ -43,32 +45,31 @@ def process_env(
 ) -> dict[str, str]:
     """The environment of process `process_id`: CPU devices, collectives and its place."""
     env = dict(base, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices))
-    env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = hosts.CPU_COLLECTIVES
+    env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = CPU_COLLECTIVES
+    env[ENV_LAUNCHER_PID] = str(os.getpid())
     if num_processes > 1:
-        env[hosts.ENV_COORDINATOR] = f"127.0.0.1:{port}"
-        env[hosts.ENV_NUM_PROCESSES] = str(num_processes)
-        env[hosts.ENV_PROCESS_ID] = str(process_id)
+        env[ENV_COORDINATOR] = f"127.0.0.1:{port}"
+        env[ENV_NUM_PROCESSES] = str(num_processes)
+        env[ENV_PROCESS_ID] = str(process_id)
     return env
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the launcher dies (Linux), so no process is orphaned."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: a killed launcher leaves its children to JAX's heartbeat timeout
+def main_command(main_args: list[str]) -> list[str]:
+    """`python -m aepg_jax.main main_args` with this interpreter."""
+    return [sys.executable, "-m", "aepg_jax.main", *main_args]
 
 
 def start(
-    num_processes: int, devices: int, main_args: list[str], env: dict[str, str] | None = None
+    num_processes: int, devices: int, cmd: list[str], env: dict[str, str] | None = None, **popen
 ) -> list[subprocess.Popen]:
-    """Starts the N processes of `python -m aepg_jax.main main_args`."""
+    """Starts N processes of `cmd` (e.g. `main_command(...)`), each in its place."""
     port = free_port()
     base = dict(os.environ if env is None else env)
-    cmd = [sys.executable, "-m", "aepg_jax.main", *main_args]
     return [
         subprocess.Popen(
-            cmd, env=process_env(base, num_processes, i, port, devices), preexec_fn=_die_with_parent
+            cmd,
+            env=process_env(base, num_processes, i, port, devices),
+            **popen,
         )
         for i in range(num_processes)
     ]
@@ -146,7 +147,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str]) -> int:
     args, main_args = parse(argv)
-    procs = start(args.num_processes, args.devices_per_process, main_args)
+    procs = start(args.num_processes, args.devices_per_process, main_command(main_args))
     return supervise(procs, args.grace_s)
 
 
