@@ -19,8 +19,11 @@ JAX's default since 0.5; set explicitly here).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
+import sys
+from typing import NoReturn
 
 import jax
 import numpy as np
@@ -84,8 +87,9 @@ def initialize(distributed: bool) -> bool:
     _die_with_launcher()
     if launched is None and not (distributed or os.environ.get(ENV_COORDINATOR)):
         return False
-    # Cross-process all-reduce on CPU needs a collectives backend (harmless on GPU/TPU).
-    jax.config.update("jax_cpu_collectives_implementation", CPU_COLLECTIVES)
+    if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
+        # Cross-process all-reduce on CPU needs a collectives backend (unused on GPU/TPU).
+        jax.config.update("jax_cpu_collectives_implementation", CPU_COLLECTIVES)
     kwargs = {}
     heartbeat = _env_int(ENV_HEARTBEAT)
     if heartbeat is not None:
@@ -105,15 +109,22 @@ def is_main() -> bool:
     return jax.process_index() == 0
 
 
-def barrier(name: str) -> None:
-    """Waits until every process reaches the barrier `name` (no-op with one process)."""
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
-
-
-def main_value(value: bool) -> bool:
-    """Process 0's `value` on every process: a host-side decision (e.g. "is this file there?")
-    that all processes must take alike, else their collectives would diverge and hang."""
+def everywhere(value: bool) -> bool:
+    """Whether `value` is true on every process: a host-side decision (e.g. "is this file
+    there?") that all processes must take alike, else their collectives would diverge and
+    hang. Hosts need not share a filesystem."""
     if jax.process_count() == 1:
         return value
-    return bool(multihost_utils.broadcast_one_to_all(np.asarray(value)))
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(value))))
+
+
+def leave(status: int) -> NoReturn:
+    """Ends this process with `status`. With several processes it leaves at once: a process
+    that fails alone must not wait at JAX's shutdown barrier (run at exit) for peers blocked
+    in a collective it will never join; the launcher, or JAX's heartbeat timeout, stops them."""
+    if jax.process_count() == 1:
+        sys.exit(status)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

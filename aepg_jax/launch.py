@@ -18,6 +18,7 @@ command on every host with `--config.distributed=True` (see the README, "Devices
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -60,19 +61,28 @@ def main_command(main_args: list[str]) -> list[str]:
 
 
 def start(
-    num_processes: int, devices: int, cmd: list[str], env: dict[str, str] | None = None, **popen
+    num_processes: int,
+    devices: int,
+    cmd: list[str],
+    env: dict[str, str] | None = None,
+    log_dir: str | None = None,
+    **popen,
 ) -> list[subprocess.Popen]:
-    """Starts N processes of `cmd` (e.g. `main_command(...)`), each in its place."""
+    """Starts N processes of `cmd` (e.g. `main_command(...)`), each in its place; with
+    `log_dir`, process i's stdout and stderr go to `<log_dir>/process_<i>.log`."""
     port = free_port()
     base = dict(os.environ if env is None else env)
-    return [
-        subprocess.Popen(
-            cmd,
-            env=process_env(base, num_processes, i, port, devices),
-            **popen,
-        )
-        for i in range(num_processes)
-    ]
+    if log_dir is not None:
+        os.makedirs(log_dir, exist_ok=True)
+    procs = []
+    for i in range(num_processes):
+        with contextlib.ExitStack() as files:  # the child keeps its own copy of the log file
+            if log_dir is not None:
+                log = files.enter_context(open(os.path.join(log_dir, f"process_{i}.log"), "ab"))
+                popen.update(stdout=log, stderr=subprocess.STDOUT)
+            env_i = process_env(base, num_processes, i, port, devices)
+            procs.append(subprocess.Popen(cmd, env=env_i, **popen))
+    return procs
 
 
 def exit_status(returncode: int) -> int:
@@ -139,6 +149,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--grace_s", type=float, default=10.0, help="SIGTERM to SIGKILL delay when stopping."
     )
+    parser.add_argument(
+        "--log_dir", help="write process i's output to LOG_DIR/process_<i>.log (default: here)"
+    )
     args = parser.parse_args(argv[:split])
     if args.num_processes < 1 or args.devices_per_process < 1:
         parser.error("--num_processes and --devices_per_process must be at least 1.")
@@ -147,7 +160,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str]) -> int:
     args, main_args = parse(argv)
-    procs = start(args.num_processes, args.devices_per_process, main_command(main_args))
+    procs = start(
+        args.num_processes, args.devices_per_process, main_command(main_args), log_dir=args.log_dir
+    )
     return supervise(procs, args.grace_s)
 
 

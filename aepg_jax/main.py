@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 
 import jax
 from absl import app, flags, logging
@@ -114,7 +115,12 @@ def main(argv: list[str]) -> None:
         check_or_save_config(cfg, workdir)
         run(cfg, workdir)
     except USER_ERRORS as err:
-        cli.fail(str(err))
+        cli.fail(str(err), exit_fn=hosts.leave)
+    except Exception:
+        if jax.process_count() > 1:  # a lone failure must not wait for its peers (hosts.leave)
+            traceback.print_exc()
+            hosts.leave(1)
+        raise
 
 
 if __name__ == "__main__":

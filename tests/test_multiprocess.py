@@ -15,9 +15,11 @@ import time
 
 import numpy as np
 import pytest
+import tiny
 
 from aepg_jax import launch
 from aepg_jax.data import loader
+from aepg_jax.runs import records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -126,3 +128,90 @@ def test_first_failure_stops_the_other_processes(capfd):
     assert "error: process 1 of 2 exited with status 3; stopped the other processes." in (
         capfd.readouterr().err
     )
+
+
+# The tiny run of the equality tests: 2 tasks of 6 steps, logged every step.
+E2E = {"data.num_tasks": 2, "max_steps_per_task": 6, "log_every_steps": 1, "method.name": "plain"}
+
+
+def _main_args(tmp_path, name, overrides):
+    spec = tiny.write_spec(tmp_path / f"{name}.json", tmp_path / "cache", overrides)
+    return [f"--config={spec}", f"--workdir={tmp_path / name}"]
+
+
+def _launch_main(tmp_path, name, overrides, processes, devices, log_dir=None, timeout=600):
+    """Runs `aepg_jax.main` on the tiny config as `processes` x `devices`; the exit status."""
+    cmd = launch.main_command(_main_args(tmp_path, name, overrides))
+    log_dir = log_dir or tmp_path / f"{name}-logs"
+    procs = launch.start(processes, devices, cmd, log_dir=str(log_dir), cwd=REPO)
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        time.sleep(0.2)
+    return launch.supervise(procs, grace_s=5.0)
+
+
+def _logs(tmp_path, name):
+    return [p.read_text() for p in sorted((tmp_path / f"{name}-logs").glob("process_*.log"))]
+
+
+def _seed_dirs(workdir, num_seeds):
+    return [workdir] if num_seeds == 1 else [workdir / f"seed_{s}" for s in range(num_seeds)]
+
+
+def _train_losses(directory):
+    return {
+        (r["task"], r["step"]): r["loss"]
+        for r in records.read_metrics(directory)
+        if r["type"] == "train"
+    }
+
+
+def _assert_same_results(a, b, num_seeds=1):
+    """Runs in workdirs `a` and `b` have the same accuracy matrices and losses (to 1e-5)."""
+    for da, db in zip(_seed_dirs(a, num_seeds), _seed_dirs(b, num_seeds), strict=True):
+        ra, rb = (json.load(open(d / "results.json")) for d in (da, db))
+        assert ra["predictors"] == rb["predictors"]
+        for p in ra["predictors"]:
+            np.testing.assert_allclose(
+                np.array(ra["methods"][p]["accuracy_matrix"], float),
+                np.array(rb["methods"][p]["accuracy_matrix"], float),
+                atol=1e-5,
+            )
+        la, lb = _train_losses(da), _train_losses(db)
+        assert la.keys() == lb.keys() and la
+        np.testing.assert_allclose([la[k] for k in la], [lb[k] for k in la], rtol=1e-5, atol=1e-5)
+
+
+def _files(workdir):
+    """The run's files (checkpoint contents aside), relative to `workdir`."""
+    out = set()
+    for root, dirs, files in os.walk(workdir):
+        if os.path.basename(root) == "checkpoints":
+            dirs.clear()
+        out |= {os.path.relpath(os.path.join(root, f), workdir) for f in files}
+    return out
+
+
+@pytest.mark.parametrize(
+    "overrides,num_seeds",
+    [
+        pytest.param({"method.name": "lae", "loss.name": "aepg"}, 1, id="lae"),
+        pytest.param({}, 1, id="plain", marks=pytest.mark.slow),
+        pytest.param({"num_seeds": 2}, 2, id="two-seeds", marks=pytest.mark.slow),
+    ],
+)
+def test_two_processes_equal_one_process_with_two_devices(tmp_path, overrides, num_seeds):
+    overrides = {**E2E, **overrides}
+    assert _launch_main(tmp_path, "one", overrides, processes=1, devices=2) == 0
+    assert _launch_main(tmp_path, "two", overrides, processes=2, devices=1) == 0
+    _assert_same_results(tmp_path / "one", tmp_path / "two", num_seeds)
+    # Only process 0 writes metrics, results and plots: the same files, no line written twice.
+    assert _files(tmp_path / "one") == _files(tmp_path / "two")
+    for d in _seed_dirs(tmp_path / "two", num_seeds):
+        lines = (d / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) == len(set(lines)) == len(records.read_metrics(d))
+    log0, log1 = _logs(tmp_path, "two")
+    assert "A_T (%)" in log0 or "A_T" in log0
+    assert "after task" not in log1 and "A_T" not in log1
