@@ -9,6 +9,7 @@ checkpoint with either process count, and a process that dies alone must stop th
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -215,3 +216,49 @@ def test_two_processes_equal_one_process_with_two_devices(tmp_path, overrides, n
     log0, log1 = _logs(tmp_path, "two")
     assert "A_T (%)" in log0 or "A_T" in log0
     assert "after task" not in log1 and "A_T" not in log1
+
+
+def _checkpoint_steps(workdir):
+    where = workdir / "checkpoints"
+    return [int(s) for s in os.listdir(where) if s.isdigit()] if where.exists() else []
+
+
+def _launch_and_kill(tmp_path, name, overrides, kill_at, timeout=300):
+    """Starts the 2-process launcher and SIGKILLs it and both processes at once as soon as a
+    checkpoint of a step in `kill_at` exists (mid-task)."""
+    args = [f"--log_dir={tmp_path / f'{name}-logs'}", "--", *_main_args(tmp_path, name, overrides)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aepg_jax.launch", "--num_processes=2", *args],
+        cwd=REPO,
+        start_new_session=True,  # its own process group: the launcher and its 2 children
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(s in kill_at for s in _checkpoint_steps(tmp_path / name)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / name / "results.json").exists()
+
+
+def test_killed_two_process_run_resumes_with_either_process_count(tmp_path):
+    """SIGKILL both processes mid-task 0, restart both; SIGKILL both mid-task 1, finish with
+    one process of 2 devices: the results equal an uninterrupted run's."""
+    overrides = {
+        **E2E,
+        "method.name": "lae",
+        "loss.name": "aepg",
+        "max_steps_per_task": 10,
+        "checkpoint_every_steps": 2,
+    }
+    assert _launch_main(tmp_path, "straight", overrides, processes=1, devices=2) == 0
+    _launch_and_kill(tmp_path, "killed", overrides, kill_at=range(2, 10))  # task 0: steps 0-9
+    _launch_and_kill(tmp_path, "killed", overrides, kill_at=range(12, 20))  # task 1: 10-19
+    assert _launch_main(tmp_path, "killed", overrides, processes=1, devices=2) == 0
+    _assert_same_results(tmp_path / "straight", tmp_path / "killed")
+    resumed = json.load(open(tmp_path / "killed" / "results.json"))
+    reference = json.load(open(tmp_path / "straight" / "results.json"))
+    assert resumed["accuracy_matrix"] == reference["accuracy_matrix"]
+    np.testing.assert_allclose(resumed["entropy"], reference["entropy"], rtol=1e-5)
