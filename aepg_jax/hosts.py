@@ -118,6 +118,15 @@ def everywhere(value: bool) -> bool:
     return bool(np.all(multihost_utils.process_allgather(np.asarray(value))))
 
 
+# What JAX's errors say when a peer process is gone (gloo's TCP pairs, the coordination service).
+_LOST_PEER = ("Gloo", "closed by peer", "reset by peer", "heartbeat", "CoordinationService")
+
+
+def lost_a_process(err: BaseException) -> bool:
+    """Whether `err` says that another process of a multi-process run is gone."""
+    return jax.process_count() > 1 and any(m in str(err) for m in _LOST_PEER)
+
+
 def leave(status: int) -> NoReturn:
     """Ends this process with `status`. With several processes it leaves at once: a process
     that fails alone must not wait at JAX's shutdown barrier (run at exit) for peers blocked

@@ -114,13 +114,25 @@ def main(argv: list[str]) -> None:
         validate(cfg, jax.device_count())
         check_or_save_config(cfg, workdir)
         run(cfg, workdir)
-    except USER_ERRORS as err:
+    except Exception as err:
+        _fail(err)
+
+
+def _fail(err: Exception) -> None:
+    """Ends the process on `err`: one line for a user error or a lost process, else the
+    traceback; with several processes at once (`hosts.leave`)."""
+    if hosts.lost_a_process(err):
+        cli.fail(
+            f"another process of this run failed or died ({cli.one_line(str(err))}); restart "
+            "all of them to resume from the last checkpoint.",
+            exit_fn=lambda _: hosts.leave(1),
+        )
+    if isinstance(err, USER_ERRORS):
         cli.fail(str(err), exit_fn=hosts.leave)
-    except Exception:
-        if jax.process_count() > 1:  # a lone failure must not wait for its peers (hosts.leave)
-            traceback.print_exc()
-            hosts.leave(1)
-        raise
+    if jax.process_count() > 1:  # a lone failure must not wait for its peers (hosts.leave)
+        traceback.print_exc()
+        hosts.leave(1)
+    raise  # the exception being handled by main
 
 
 if __name__ == "__main__":

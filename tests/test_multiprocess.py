@@ -262,3 +262,34 @@ def test_killed_two_process_run_resumes_with_either_process_count(tmp_path):
     reference = json.load(open(tmp_path / "straight" / "results.json"))
     assert resumed["accuracy_matrix"] == reference["accuracy_matrix"]
     np.testing.assert_allclose(resumed["entropy"], reference["entropy"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("victim", [1, pytest.param(0, marks=pytest.mark.slow)])
+def test_a_process_that_dies_alone_stops_the_others(tmp_path, victim):
+    """Without the launcher's supervision (as on separate hosts): the survivor of a SIGKILLed
+    peer ends by itself, non-zero, with an error naming the cause, within a bounded time."""
+    overrides = {**E2E, "max_steps_per_task": 50, "checkpoint_every_steps": 2}
+    cmd = launch.main_command(_main_args(tmp_path, "run", overrides))
+    env = dict(os.environ, AEPG_HEARTBEAT_TIMEOUT_S="5")
+    procs = launch.start(2, 1, cmd, env=env, log_dir=str(tmp_path / "logs"), cwd=REPO)
+    try:
+        deadline = time.monotonic() + 300
+        while not _checkpoint_steps(tmp_path / "run") and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in procs)
+            time.sleep(0.05)
+        procs[victim].kill()
+        killed = time.monotonic()
+        survivor = procs[1 - victim]
+        survivor.wait(timeout=120)
+        waited = time.monotonic() - killed
+    finally:
+        launch.stop(procs, grace_s=1.0)
+    log = (tmp_path / "logs" / f"process_{1 - victim}.log").read_text(errors="replace")
+    print(f"survivor exited {survivor.returncode} after {waited:.1f} s")
+    assert survivor.returncode != 0 and waited < 5 + 30
+    # Our line when a collective fails at once; JAX's abort after the heartbeat timeout when
+    # the survivor was blocked in a collective or lost the coordinator (process 0).
+    assert (
+        "error: another process of this run failed or died" in log
+        or "This most likely indicates that another task died" in log
+    ), log[-2000:]
