@@ -201,6 +201,7 @@ def _files(workdir):
         pytest.param({"method.name": "lae", "loss.name": "aepg"}, 1, id="lae"),
         pytest.param({}, 1, id="plain", marks=pytest.mark.slow),
         pytest.param({"num_seeds": 2}, 2, id="two-seeds", marks=pytest.mark.slow),
+        pytest.param({"optim.steps_per_call": 4}, 1, id="scanned", marks=pytest.mark.slow),
     ],
 )
 def test_two_processes_equal_one_process_with_two_devices(tmp_path, overrides, num_seeds):
