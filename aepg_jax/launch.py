@@ -50,6 +50,8 @@ def process_env(
     env[ENV_LAUNCHER_PID] = str(os.getpid())
     if num_processes > 1:
         env[ENV_COORDINATOR] = f"127.0.0.1:{port}"
+        # Process 0's coordinator listens on loopback only (JAX's default: every interface).
+        env["JAX_COORDINATOR_BIND_ADDRESS"] = f"127.0.0.1:{port}"
         env[ENV_NUM_PROCESSES] = str(num_processes)
         env[ENV_PROCESS_ID] = str(process_id)
     return env
