@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 import tqdm
@@ -60,13 +61,14 @@ def describe(argv: list[str], err: BaseException) -> str:
     return text
 
 
-def fail(message: str) -> NoReturn:
-    """Ends the process with one error line (after finishing any progress bar's line)."""
+def fail(message: str, exit_fn: Callable[[int], NoReturn] = sys.exit) -> NoReturn:
+    """Ends the process (`exit_fn`) with one error line (after finishing any progress bar's
+    line)."""
     for bar in list(getattr(tqdm.tqdm, "_instances", ())):
         bar.close()
     sys.stderr.flush()
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
+    exit_fn(EXIT_USER_ERROR)
 
 
 def parse_flags(

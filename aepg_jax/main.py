@@ -9,19 +9,21 @@ function checks it; it is then saved as
 `DIR/config.json`. Re-running with the same config and workdir resumes from the newest
 checkpoint; a different config on an existing run's workdir is refused. Multi-host: pass
 `--config.distributed=True` (or set JAX_COORDINATOR_ADDRESS) to call
-`jax.distributed.initialize()` first.
+`jax.distributed.initialize()` first; `python -m aepg_jax.launch` starts several processes on
+one machine (`hosts.py`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import traceback
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from aepg_jax import cli, config_lib
+from aepg_jax import cli, config_lib, hosts
 from aepg_jax.checkpoints import augreg
 from aepg_jax.continual import loop
 from aepg_jax.runs import checkpointing
@@ -100,8 +102,10 @@ def main(argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax and XLA log a lot at INFO
     cfg = _CONFIG.value
-    if cfg.distributed or os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        jax.distributed.initialize()
+    try:
+        hosts.initialize(cfg.distributed)
+    except ValueError as err:
+        cli.fail(str(err))
     workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         cli.fail(f"--workdir={_WORKDIR.value} is an existing file; name a directory.")
@@ -110,8 +114,25 @@ def main(argv: list[str]) -> None:
         validate(cfg, jax.device_count())
         check_or_save_config(cfg, workdir)
         run(cfg, workdir)
-    except USER_ERRORS as err:
-        cli.fail(str(err))
+    except Exception as err:
+        _fail(err)
+
+
+def _fail(err: Exception) -> None:
+    """Ends the process on `err`: one line for a user error or a lost process, else the
+    traceback; with several processes at once (`hosts.leave`)."""
+    if hosts.lost_a_process(err):
+        cli.fail(
+            f"another process of this run failed or died ({cli.one_line(str(err))}); restart "
+            "all of them to resume from the last checkpoint.",
+            exit_fn=lambda _: hosts.leave(1),
+        )
+    if isinstance(err, USER_ERRORS):
+        cli.fail(str(err), exit_fn=hosts.leave)
+    if jax.process_count() > 1:  # a lone failure must not wait for its peers (hosts.leave)
+        traceback.print_exc()
+        hosts.leave(1)
+    raise  # the exception being handled by main
 
 
 if __name__ == "__main__":

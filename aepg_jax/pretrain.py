@@ -6,7 +6,8 @@ epochs, and the backbone is written as an `.npz` with Linen names under `pretrai
 named by a hash of everything that shapes it (model fields, pretraining settings including
 `pretrain.seed`, normalisation). Later runs with the same settings reuse the file
 (`augreg.load_backbone` reads it). The write is atomic: a killed pretraining leaves no file
-that would be trusted.
+that would be trusted. With several processes, all pretrain together (one SPMD program) unless
+every one finds the file, and each writes it (hosts need not share `pretrain.cache_dir`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import optax
 import tqdm
 
-from aepg_jax import losses, partition
+from aepg_jax import hosts, losses, partition
 from aepg_jax.data import augment, cache, datasets, loader
 from aepg_jax.models import vit
 
@@ -54,7 +55,8 @@ def backbone_path(cfg: ml_collections.ConfigDict) -> str:
 def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> str:
     """Path of the pretrained backbone `.npz`, training it first if it is not cached."""
     path = backbone_path(cfg)
-    if os.path.exists(path):
+    # Every process must take the same branch, else their collectives would not match.
+    if hosts.everywhere(os.path.exists(path)):
         logging.info("Using the cached pretrained backbone %s.", path)
         return path
     start = time.time()
@@ -103,7 +105,9 @@ def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
 
     batch_size = p.batch_size
     steps = loader.num_batches(len(train), batch_size, drop_last=True) * p.epochs
-    bar = tqdm.tqdm(total=steps, desc=f"pretraining on {ds.name}", unit="step")
+    bar = tqdm.tqdm(
+        total=steps, desc=f"pretraining on {ds.name}", unit="step", disable=not hosts.is_main()
+    )
     loss = jnp.nan
     for epoch in range(p.epochs):
         for i, batch in enumerate(
@@ -130,11 +134,11 @@ def pretrain_backbone(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
     logging.info(
         "Pretrained on %s: test accuracy %.4f in %.0f s.", ds.name, accuracy, time.time() - start
     )
-    print(
-        f"pretrained backbone on {ds.name}: test accuracy {100 * accuracy:.1f}% "
-        f"({time.time() - start:.0f} s) -> {path}"
-    )
-
+    if hosts.is_main():
+        print(
+            f"pretrained backbone on {ds.name}: test accuracy {100 * accuracy:.1f}% "
+            f"({time.time() - start:.0f} s) -> {path}"
+        )
     check_above_chance(accuracy, num_classes, ds.name)
     _save_backbone(
         path, params, {"dataset": ds.name, "test_accuracy": accuracy, "epochs": p.epochs}
@@ -166,9 +170,11 @@ def _save_backbone(path: str, params: dict, info: dict) -> None:
     backbone, _ = partition.split(params, partition.label_params(params), (partition.BACKBONE,))
     flat = {name: np.asarray(leaf) for name, leaf in partition.named_leaves(backbone).items()}
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # other processes may write the same file
     with open(tmp, "wb") as f:
         np.savez(f, **flat)
     os.replace(tmp, path)
-    with open(f"{path[:-4]}.json", "w") as f:
+    info_tmp = f"{path[:-4]}.{os.getpid()}.json.tmp"
+    with open(info_tmp, "w") as f:
         json.dump(info, f)
+    os.replace(info_tmp, f"{path[:-4]}.json")

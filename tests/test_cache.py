@@ -1,8 +1,12 @@
-"""Tests for aepg_jax.data.cache: decode-once cache, crash-safe resumable builds, staleness."""
+"""Tests for aepg_jax.data.cache: decode-once cache, crash-safe resumable builds, staleness,
+processes sharing a cache directory."""
 
 import json
 import logging
+import multiprocessing
 import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -128,3 +132,77 @@ def test_unreadable_manifest_is_rebuilt(source, tmp_path):
     counting = CountingSource(source)
     _build(counting, tmp_path)
     assert counting.decoded == N
+
+
+class SlowSource(CountingSource):
+    """A CountingSource whose decodes take `delay` seconds (a build that other processes meet)."""
+
+    def __init__(self, base, delay):
+        super().__init__(base)
+        self.delay = delay
+
+    def image(self, index):
+        time.sleep(self.delay)
+        return super().image(index)
+
+
+def _build_in_process(src, root, barrier, results, name):
+    """Child process: builds (or waits for and reads) the cache; reports decodes and digest."""
+    barrier.wait()
+    built = _build(src, root)
+    results.put((name, src.decoded, cache.images_checksum(built.images), built.labels.tolist()))
+
+
+def test_processes_sharing_a_cache_directory_build_it_once(source, tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_build_in_process,
+            args=(SlowSource(source, 0.001), str(tmp_path), barrier, results, i),
+        )
+        for i in range(3)
+    ]
+    for p in procs:
+        p.start()
+    reports = sorted(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    decoded = [r[1] for r in reports]
+    assert sorted(decoded) == [0, 0, N]  # one process decoded everything, the others none
+    assert len({r[2] for r in reports}) == 1 and all(
+        r[3] == source.labels.tolist() for r in reports
+    )
+    directory = cache.split_dir(str(tmp_path), "toy", "train", SIZE)
+    assert sorted(os.listdir(directory)) == ["images.npy", "labels.npy", "manifest.json"]
+    clean = _build(CountingSource(source), tmp_path / "clean")
+    assert reports[0][2] == cache.images_checksum(clean.images)
+
+
+def test_a_builder_killed_mid_build_hands_over_to_a_waiting_process(source, tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(1), ctx.Queue()
+    directory = cache.split_dir(str(tmp_path), "toy", "train", SIZE)
+    first = ctx.Process(
+        target=_build_in_process,
+        args=(SlowSource(source, 0.004), str(tmp_path), barrier, results, "first"),
+    )
+    first.start()
+    progress = os.path.join(directory, "progress.json")
+    deadline = time.time() + 60
+    while not os.path.exists(progress) and time.time() < deadline:
+        time.sleep(0.02)  # the first chunk is written: the build is under way
+    second = ctx.Process(
+        target=_build_in_process, args=(CountingSource(source), str(tmp_path), barrier, results, 2)
+    )
+    second.start()
+    time.sleep(1.0)  # the second process is waiting for the lock
+    assert results.empty()
+    os.kill(first.pid, signal.SIGKILL)
+    first.join()
+    name, decoded, digest, _ = results.get(timeout=120)
+    second.join(timeout=30)
+    assert name == 2 and second.exitcode == 0
+    assert 0 < decoded < N  # resumed the killed build instead of starting over
+    assert digest == cache.images_checksum(_build(CountingSource(source), tmp_path / "c").images)

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from tiny import tiny_config
 
 from aepg_jax import config_lib, main, pretrain
 from aepg_jax.continual import loop
@@ -23,37 +24,6 @@ from aepg_jax.data import loader
 from aepg_jax.runs import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def tiny_config(cache_dir, **overrides):
-    c = config_lib.base_config("vit_tiny")
-    c.model.update(
-        dict(patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, image_size=16)
-    )
-    c.model.peft.blocks = (0, 1)
-    c.model.peft.kind = "lora"
-    c.data.update(
-        dict(
-            source="digits",
-            num_tasks=3,
-            store_size=16,
-            cache_dir=str(cache_dir),
-            crop_scale=(0.5, 1.0),
-            flip_prob=0.0,
-        )
-    )
-    c.pretrain.cache_dir = str(cache_dir / "pretrained")
-    c.optim.update(dict(batch_size=32, epochs=4, peft_freeze_epochs=2, learning_rate=3e-3))
-    c.max_steps_per_task = 8
-    c.log_every_steps = 2
-    c.eval.batch_size = 64
-    for key, value in overrides.items():
-        target = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            target = target[p]
-        target[leaf] = value
-    return c
 
 
 def _read_jsonl(path):

@@ -12,12 +12,19 @@ last finished chunk. Only a complete build is renamed to `images.npy`, and the m
 written last (atomically), so a half-written file is never trusted: a cache without a manifest
 does not exist. A manifest whose label checksum or shape disagrees with the source is rebuilt
 with a warning; `verify=True` also re-hashes the images.
+
+Several processes sharing the cache directory (the processes of a multi-process run, or runs
+started together): the build holds an exclusive lock (`flock` on `<split>-<size>px.lock`
+beside the split's directory), so one process builds and the others wait for it, then read
+the finished cache. A builder that dies releases the lock; the next one resumes its build.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
@@ -116,6 +123,22 @@ def _load_complete(directory: str, source: Source, size: int, verify: bool) -> C
     return CachedSplit(images, labels, manifest)
 
 
+@contextlib.contextmanager
+def _build_lock(directory: str):
+    """Exclusive lock on building `directory`, across processes (released if one dies)."""
+    os.makedirs(os.path.dirname(directory), exist_ok=True)
+    with open(f"{directory}.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.warning("Waiting for another process that builds the cache %s.", directory)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def load_or_build(
     source: Source,
     root: str,
@@ -129,11 +152,34 @@ def load_or_build(
     resize_fn: Callable[[np.ndarray, int], np.ndarray] = store_resize,
     progress: bool = True,
 ) -> CachedSplit:
-    """The cached split for `source`, building (or resuming) it when needed."""
+    """The cached split for `source`, building (or resuming) it when needed; one process
+    at a time builds, the others wait and read its result."""
     directory = split_dir(root, dataset, split, size)
     cached = _load_complete(directory, source, size, verify)
     if cached is not None:
         return cached
+    with _build_lock(directory):
+        # Another process may have finished the build while this one waited for the lock.
+        cached = _load_complete(directory, source, size, verify)
+        if cached is not None:
+            return cached
+        return _build(
+            source, directory, dataset, split, size, class_names, num_workers, resize_fn, progress
+        )
+
+
+def _build(
+    source: Source,
+    directory: str,
+    dataset: str,
+    split: str,
+    size: int,
+    class_names: Sequence[str],
+    num_workers: int | None,
+    resize_fn: Callable[[np.ndarray, int], np.ndarray],
+    progress: bool,
+) -> CachedSplit:
+    """Builds (or resumes building) the cache in `directory`; the caller holds the lock."""
     if os.path.exists(os.path.join(directory, "manifest.json")):
         shutil.rmtree(directory)  # stale complete cache: start over
     os.makedirs(directory, exist_ok=True)
@@ -182,7 +228,9 @@ def load_or_build(
     bar.close()
     del images
 
-    np.save(os.path.join(directory, "labels.npy"), np.asarray(source.labels, np.int64))
+    labels_tmp = os.path.join(directory, "labels.partial.npy")
+    np.save(labels_tmp, np.asarray(source.labels, np.int64))
+    os.replace(labels_tmp, os.path.join(directory, "labels.npy"))
     os.replace(partial, os.path.join(directory, "images.npy"))
     manifest = {
         "version": FORMAT_VERSION,
