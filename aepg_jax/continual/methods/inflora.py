@@ -253,8 +253,7 @@ class InfLoRA(Method):
         chex.assert_shape(lora["B_k"], (len(self.blocks), self.width, self.rank))
         earlier = (jnp.arange(self.num_tasks) < task).astype(jnp.float32)[:, None, None, None]
         delta = {
-            name: lora_delta(a[task][None], lora[name][None])
-            + lora_delta(a, state[name] * earlier)
+            name: lora_delta(a[task][None], lora[name][None]) + lora_delta(a, state[name] * earlier)
             for name in ("B_k", "B_v")
         }
         backbone = merged_backbone(frozen, self.blocks, delta["B_k"], delta["B_v"])
