@@ -57,6 +57,18 @@ def test_down_projection_avoids_or_stays_in_the_memory(retain):
         assert np.linalg.norm(mem.basis.T @ a.T) < 1e-10
 
 
+def test_a_new_task_leaves_inputs_of_the_memorised_subspace_unchanged():
+    """§7 item 8: task-0 inputs inside the memory give x A_1^T = 0, so B_1 cannot move them.
+    (The threshold rule keeps the directions before the one that crosses th, so a memory
+    built from the data holds all but a < 1 - th share of it; here F is given.)"""
+    rng = np.random.default_rng(4)
+    span = _orthonormal(rng, 16, 4)
+    x0 = rng.normal(size=(300, 4)) @ span.T  # task 0's inputs: rank 4, inside F
+    a1 = dualgpm.down_projection(_cov(rng, 16), dualgpm.Memory(span), rank=3)
+    b1 = rng.normal(size=(16, 3))
+    assert np.abs(x0 @ a1.T @ b1.T).max() < 1e-10
+
+
 def test_a_wide_remove_basis_becomes_its_retained_complement():
     rng = np.random.default_rng(1)
     cov = _cov(rng, 8)

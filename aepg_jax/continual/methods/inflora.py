@@ -22,6 +22,7 @@ zero-padded, `basis_dim` and `retain` (n_blocks,) int32.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -113,6 +114,11 @@ class InfLoRA(Method):
         self.num_tasks = int(cfg.data.num_tasks)
         self.net = Network(_backbone_cfg(cfg.model))
         self._cov_step: Callable | None = None
+        if cfg.model.peft.kind != "none":
+            logging.info(
+                "InfLoRA brings its own LoRA pairs: model.peft (%s) is not used.",
+                cfg.model.peft.kind,
+            )
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
@@ -123,7 +129,9 @@ class InfLoRA(Method):
         ):
             p.append(f"method.inflora_blocks={blocks} must be distinct block indices >= 0.")
         elif m.name == cls.name and not cut_blocks(blocks, cfg.model.depth):
-            p.append(f"method.inflora_blocks={blocks} has no block below model.depth.")
+            p.append(
+                f"method.inflora_blocks={blocks} has no block below model.depth={cfg.model.depth}."
+            )
         r = m.inflora_rank
         if not (isinstance(r, int) and not isinstance(r, bool) and r >= 1):
             p.append(f"method.inflora_rank={r!r} must be an integer >= 1.")
