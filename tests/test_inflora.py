@@ -319,3 +319,23 @@ def test_default_config_runs_with_inflora_alone(tmp_path):
     cfg.data.num_tasks, cfg.max_steps_per_task = 2, 2
     results = loop.run(cfg, str(tmp_path / "run"))
     assert results["predictors"] == ["model"] and np.isfinite(results["A_T"])
+
+
+@pytest.mark.slow
+def test_sharded_over_2_devices_matches_one_device(tmp_path):
+    """The covariance pass and the steps on batches sharded over a 2-device mesh."""
+    overrides = {"method.name": "inflora", "data.num_tasks": 2, "max_steps_per_task": 4}
+    results, losses = {}, {}
+    for devices in (1, 2):
+        env = {
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+            "JAX_PLATFORMS": "cpu",
+        }
+        work = tmp_path / f"d{devices}"
+        _run_subprocess(tmp_path / "cache", work, overrides, env=env)
+        results[devices] = json.load(open(work / "results.json"))
+        losses[devices] = [
+            r["loss"] for r in map(json.loads, open(work / "metrics.jsonl")) if r["type"] == "train"
+        ]
+    assert results[2]["accuracy_matrix"] == results[1]["accuracy_matrix"]
+    np.testing.assert_allclose(losses[2], losses[1], rtol=1e-4, atol=1e-5)
