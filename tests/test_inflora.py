@@ -160,6 +160,35 @@ def test_trainable_count_for_vit_b16_rank5_blocks_0_to_4():
         assert state["basis"].shape == (len(blocks), 768, 768)
 
 
+def test_vit_b16_forward_and_covariance_shapes():
+    """At full size (abstractly): the merged 12-head K/V kernels, logits, covariance sums."""
+    cfg = config_lib.base_config("vit_b16")
+    cfg.method.name, cfg.data.num_tasks = "inflora", 10
+    method = inflora.InfLoRA(cfg)
+    key = jax.random.PRNGKey(0)
+    frozen = jax.eval_shape(lambda: vit.init_params(method.net.model_cfg, key))
+    trainable = jax.eval_shape(lambda: method.grow(1, {}, key))
+    state = jax.eval_shape(method.initial_state)
+    images = jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.float32)
+    spec = methods.TaskSpec(1, 20, 20, 0, ())
+    logits, extra = jax.eval_shape(
+        lambda tr, fr, st, im: method.forward(method.net, tr, fr, st, im, spec),
+        trainable,
+        frozen,
+        state,
+        images,
+    )
+    assert logits.shape == (2, 0) and extra is None
+    batch = {
+        "image": jax.ShapeDtypeStruct((2, 256, 256, 3), jnp.uint8),
+        "mask": jax.ShapeDtypeStruct((2,), bool),
+    }
+    sums, count = jax.eval_shape(
+        method._covariance_sums, frozen, state, trainable[inflora.KEY]["lora"], batch, 1
+    )
+    assert sums.shape == (5, 768, 768) and count.shape == ()
+
+
 def test_merged_kernels_equal_the_lora_branch():
     """Adding A^T B^T to the (D, H, Dh) kernel == adding x A^T B^T to the key projection."""
     rng = np.random.default_rng(3)
