@@ -272,6 +272,7 @@ def test_runs_end_to_end_with_a_and_earlier_b_frozen(tmp_path, monkeypatch, loss
         assert (ends[t]["basis_dim"] >= 1).all()
 
 
+@pytest.mark.slow  # three runs
 def test_interrupted_covariance_pass_resumes_to_the_same_results(tmp_path, monkeypatch):
     """A run stopped in task 1's covariance pass restarts from task 0's checkpoint, recomputes
     A_1 and ends exactly as an uninterrupted run."""
