@@ -9,7 +9,9 @@ A_t = U[:, :r]^T / sqrt(3), U the left singular vectors of C projected against t
 DualGPM memory (`dualgpm.py`), and A_t is frozen (A_{k,t} = A_{v,t} = A_t, as the reference).
 B_{k,t}, B_{v,t} (D, r) start at 0 and train with the task's head; B_{s<t} and all A are frozen.
 After task t the covariance of the trained model updates the memory with the threshold
-th_t = (lame - lamb) t / T + lamb.
+th_t = (lame - lamb) t / T + lamb. The covariance passes are jitted (one compilation, the task
+index traced) over the task's training images under the test transform (the reference used its
+training augmentation; ours is deterministic); the SVDs run on the host in float64, per seed.
 
 The deltas are merged into the frozen K/V kernels, `W + A^T B^T` ((D, H, Dh) as the kernels),
 which equals adding `x A^T B^T`. The model's own PEFT modules (`model.peft`) are not used.
