@@ -53,10 +53,16 @@ Fields (defaults in brackets):
                                to this before Adam, as torch's clip_grad_norm_; 0: off
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
-  method.name [plain]          plain | lae | lwf (continual/methods/, one module each)
+  method.name [plain]          plain | lae | lwf | inflora (continual/methods/, one module each)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
-                               decay); LwF lwf_temperature [1.0], lwf_weight [1.0]
+                               decay); LwF lwf_temperature [1.0], lwf_weight [1.0]; InfLoRA
+                               inflora_blocks [(0, 1, 2, 3, 4), cut at the depth] (blocks whose
+                               K/V get the per-task LoRA pairs), inflora_rank [5], inflora_lamb
+                               [0.99] / inflora_lame [1.0] (memory threshold (lame - lamb) t / T
+                               + lamb after task t), inflora_memory [dualgpm] (dualgpm: 'remove'
+                               / 'retain' bases; gpm: 'remove' only, as InfLoRA-b5's code).
+                               InfLoRA ignores model.peft (it brings its own LoRA pairs)
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   max_steps_per_task [None]    cap on steps per task (smoke tests)

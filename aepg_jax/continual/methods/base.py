@@ -17,6 +17,8 @@ Inside the jitted evaluation (pure):
         -> ({predictor: probs (B, num_seen)}, logits (B, num_seen) whose entropy is logged)
 Config:
     defaults: {field: value} added to `method.*`;  check(cfg) -> [problems]
+    reference_settings: {"optim.field": value} of the method's reference implementation
+    uses_model_peft: whether the method trains the `model.peft` modules
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class Method:
     name: ClassVar[str] = "plain"
     predictors: ClassVar[tuple[str, ...]] = ("model",)  # the first is the primary one
     defaults: ClassVar[dict[str, Any]] = {}  # this method's `method.*` config fields
+    # The settings of the method's reference implementation, `{"optim.x": value}`, which the
+    # paper configs apply with `settings=reference` ({}: the paper's own, Table 5).
+    reference_settings: ClassVar[dict[str, Any]] = {}
+    uses_model_peft: ClassVar[bool] = True  # False: it ignores `model.peft` (own parameters)
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         self.cfg = cfg
