@@ -17,6 +17,7 @@ Inside the jitted evaluation (pure):
         -> ({predictor: probs (B, num_seen)}, logits (B, num_seen) whose entropy is logged)
 Config:
     defaults: {field: value} added to `method.*`;  check(cfg) -> [problems]
+    reference_settings: {"optim.field": value} of the method's reference implementation
 """
 
 from __future__ import annotations
@@ -54,10 +55,16 @@ class Network:
     model_cfg: ml_collections.ConfigDict
 
     def apply(
-        self, params: Params, images: jax.Array, head_sizes: tuple[int, ...]
+        self,
+        params: Params,
+        images: jax.Array,
+        head_sizes: tuple[int, ...],
+        prefixes: vit.Prefixes | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """`(logits (B, sum(head_sizes)), {"features": ...})` of the full parameter tree."""
-        return vit.build(self.model_cfg, tuple(head_sizes)).apply({"params": params}, images)
+        """`(logits (B, sum(head_sizes)), {"features": ...})` of the full parameter tree, with
+        optional external key/value prefixes per block (see `vit.py`)."""
+        model = vit.build(self.model_cfg, tuple(head_sizes))
+        return model.apply({"params": params}, images, prefixes=prefixes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +89,9 @@ class Method:
     name: ClassVar[str] = "plain"
     predictors: ClassVar[tuple[str, ...]] = ("model",)  # the first is the primary one
     defaults: ClassVar[dict[str, Any]] = {}  # this method's `method.*` config fields
+    # The settings of the method's reference implementation, `{"optim.x": value}`, which the
+    # paper configs apply with `settings=reference` ({}: the paper's own, Table 5).
+    reference_settings: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         self.cfg = cfg
