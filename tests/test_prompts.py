@@ -5,14 +5,20 @@ Everything runs on a tiny ViT (width 32, 2 or 4 blocks, 16 px); ViT-B/16 counts 
 `jax.eval_shape` only.
 """
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_driver import _read_jsonl, tiny_config
+from test_multiseed import _assert_same_run
 
 from aepg_jax import config_lib, partition
-from aepg_jax.continual.methods import Network, prompting
+from aepg_jax.continual import loop
+from aepg_jax.continual.methods import Network, TaskSpec, coda_prompt, prompting
 from aepg_jax.models import vit
+from aepg_jax.runs import records
 
 TINY = dict(patch_size=4, hidden_size=32, depth=4, num_heads=2, mlp_dim=64, image_size=16)
 
@@ -112,3 +118,184 @@ def test_prompt_leaves_are_labelled_peft():
 
 def test_base_config_validates_with_every_prompt_field():
     config_lib.validate(config_lib.base_config("vit_tiny"))
+
+
+# -- helpers for the methods -------------------------------------------------------------------
+
+
+def _method_config(name, preset="vit_tiny", num_tasks=3, **method_fields):
+    c = config_lib.base_config(preset)
+    if preset == "vit_tiny":
+        c.model.update(TINY)
+    c.method.name = name
+    c.data.num_tasks = num_tasks
+    c.method.update(method_fields)
+    return c
+
+
+def _grown(method, tasks=1, seed=0):
+    """The trainable tree of `method` after growing tasks 0..tasks-1 (heads of 4 classes)."""
+    width = method.cfg.model.hidden_size
+    tree = {"head": {}}
+    for t in range(tasks):
+        tree["head"][f"task_{t}"] = {"kernel": jnp.zeros((width, 4)), "bias": jnp.zeros(4)}
+        tree = method.grow(t, tree, jax.random.fold_in(jax.random.key(seed), t))
+    return tree
+
+
+def _count_prompts(tree):
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree["prompt"]))
+
+
+def _orthonormal_error(rows):
+    rows = np.asarray(rows, np.float64).reshape(rows.shape[0], -1)
+    return float(np.abs(rows @ rows.T - np.eye(rows.shape[0])).max())
+
+
+# -- CODA-P ------------------------------------------------------------------------------------
+
+
+def test_coda_vit_b16_trainable_count():
+    method = coda_prompt.CodaPrompt(_method_config("coda_prompt", "vit_b16", num_tasks=10))
+    assert _count_prompts(_grown(method)) == 3_840_000
+
+
+def test_coda_gram_schmidt_keeps_earlier_rows_and_orthonormalises_new_ones():
+    method = coda_prompt.CodaPrompt(_method_config("coda_prompt", coda_pool_size=12))
+    pt = 4  # 12 components over 3 tasks
+    first = _grown(method, 1)["prompt"]
+    second = _grown(method, 2)["prompt"]
+    for name in ("keys", "attention", "components"):
+        for b in range(first[name].shape[0]):
+            r0, r1 = np.asarray(first[name][b]), np.asarray(second[name][b])
+            assert _orthonormal_error(r0[:pt]) < 1e-5
+            np.testing.assert_array_equal(r0[pt:], 0.0)  # used only from their task on
+            np.testing.assert_array_equal(r1[:pt], r0[:pt])  # bit-identical
+            assert _orthonormal_error(r1[: 2 * pt]) < 1e-5
+            np.testing.assert_array_equal(r1[2 * pt :], 0.0)
+
+
+def test_coda_gram_schmidt_after_training_is_orthogonal_to_the_trained_rows():
+    rng = np.random.default_rng(0)
+    rows = np.zeros((9, 40), np.float32)
+    rows[:3] = rng.standard_normal((3, 40))  # trained rows: not orthogonal to each other
+    out = coda_prompt.gram_schmidt(rows, 3, 6, jax.random.key(1))
+    np.testing.assert_array_equal(out[:3], rows[:3])
+    assert _orthonormal_error(out[3:6]) < 1e-5
+    assert float(np.abs(out[:3] @ out[3:6].T).max()) < 1e-5
+    np.testing.assert_array_equal(out[6:], 0.0)
+
+
+def test_coda_weights_on_one_hot_keys_and_attention():
+    eye = jnp.eye(6, 16)
+    for j in range(6):
+        w = coda_prompt.component_weights(jnp.eye(16)[j][None], eye, eye)
+        np.testing.assert_allclose(w, np.eye(6)[j][None], atol=1e-7)
+
+
+def test_coda_earlier_components_get_zero_gradients():
+    method = coda_prompt.CodaPrompt(_method_config("coda_prompt", coda_pool_size=12))
+    tree = _grown(method, 2)
+    q = jax.random.normal(jax.random.key(3), (5, 32))
+
+    def loss(prompts):
+        prefixes, _ = method.prefixes(q, prompts, 1, train=True)
+        return sum(jnp.sum(jnp.sin(pk)) + jnp.sum(pv**2) for pk, pv in prefixes.values())
+
+    grads = jax.grad(loss)(tree["prompt"])
+    for g in grads.values():
+        np.testing.assert_array_equal(g[:, :4], 0.0)  # task 0's rows: frozen
+        assert float(jnp.abs(g[:, 4:8]).max()) > 0  # task 1's rows train
+        np.testing.assert_array_equal(g[:, 8:], 0.0)  # future rows: unused
+
+
+def test_coda_ortho_penalty_only_with_its_weight():
+    tree = _grown(coda_prompt.CodaPrompt(_method_config("coda_prompt", coda_pool_size=12)))
+    q = jax.random.normal(jax.random.key(3), (2, 32))
+    off = coda_prompt.CodaPrompt(_method_config("coda_prompt", coda_pool_size=12))
+    on = coda_prompt.CodaPrompt(
+        _method_config("coda_prompt", coda_pool_size=12, coda_ortho_weight=0.5)
+    )
+    assert off.prefixes(q, tree["prompt"], 0, train=True)[1] is None
+    penalty = on.prefixes(q, tree["prompt"], 0, train=True)[1]
+    assert 0.0 <= float(penalty) < 1e-8  # freshly orthonormal rows
+
+
+def test_coda_checks_name_their_field():
+    for field, bad, pattern in (
+        ("coda_length", 7, r"method\.coda_length=7 must be even"),
+        ("coda_pool_size", 2, r"method\.coda_pool_size=2 must be >= data\.num_tasks=3"),
+        ("coda_blocks", (9,), r"method\.coda_blocks=\(9,\) has no block below model\.depth=4"),
+        ("coda_ortho_weight", -1.0, r"method\.coda_ortho_weight=-1\.0 must be >= 0"),
+    ):
+        c = _method_config("coda_prompt", **{field: bad})
+        with pytest.raises(ValueError, match=pattern):
+            config_lib.validate(c)
+
+
+# -- every method: the query pass, end-to-end runs ------------------------------------------
+
+
+def test_no_gradient_reaches_the_query_pass():
+    """The train forward's gradients equal those with q(x) fed in as a constant."""
+    cfg = _method_config("coda_prompt", coda_pool_size=12, coda_ortho_weight=0.1)
+    method = coda_prompt.CodaPrompt(cfg)
+    params = _params(cfg.model, heads=())
+    _, frozen = partition.split(params, partition.label_params(params), partition.TRAINABLE)
+    trainable = _grown(method, 2)
+    net, x = Network(cfg.model), _images(seed=4)
+    spec = TaskSpec(index=1, offset=4, num_classes=4, freeze_steps=0, head_sizes=(4, 4))
+
+    def loss(tr, q=None):
+        if q is None:
+            logits, extra = method.forward(net, tr, frozen, {}, x, spec)
+        else:
+            logits, extra = method.prompted(net, tr, frozen, x, q, (4, 4), train=True)
+        return jnp.sum(jax.nn.log_softmax(logits)[:, 5]) + extra
+
+    q = prompting.query(net, frozen, x)
+    through_query = jax.jit(jax.grad(loss))(trainable)
+    constant_query = jax.jit(jax.grad(loss))(trainable, q)
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)  # fusion only
+    jax.tree.map(close, through_query, constant_query)
+    assert float(jnp.abs(through_query["prompt"]["keys"]).max()) > 0
+
+
+E2E = {"data.num_tasks": 2, "max_steps_per_task": 4}
+
+
+def _run(tmp_path, name, **overrides):
+    cfg = tiny_config(tmp_path / "cache", **{**E2E, "method.name": name, **overrides})
+    return loop.run(cfg, str(tmp_path / name)), tmp_path / name
+
+
+@pytest.mark.parametrize(
+    "name,loss",
+    [
+        ("coda_prompt", "aepg"),
+        pytest.param("coda_prompt", "ce", marks=pytest.mark.slow),
+    ],
+)
+def test_runs_end_to_end(tmp_path, name, loss):
+    """From the driver with a LoRA model config: the method drops the LoRA, trains only its
+    prompts and the heads, and evaluates with its own predictor."""
+    results, workdir = _run(tmp_path, name, **{"loss.name": loss})
+    matrix = np.array(results["accuracy_matrix"], float)
+    assert matrix.shape == (2, 2) and np.all(np.isfinite(matrix[np.triu_indices(2)]))
+    assert results["predictors"] == ["model"]
+    train = [r for r in _read_jsonl(workdir / "metrics.jsonl") if r["type"] == "train"]
+    assert all(np.isfinite(r["loss"]) for r in train)
+
+
+@pytest.mark.slow
+def test_two_vmapped_seeds_equal_two_single_runs(tmp_path):
+    overrides = {"seed": 5, "log_every_steps": 1, "loss.name": "aepg"}
+    summary, vmapped = _run(tmp_path / "v", "coda_prompt", num_seeds=2, **overrides)
+    assert summary["seeds"] == [5, 6]
+    for seed in (5, 6):
+        single, single_dir = _run(
+            tmp_path / f"s{seed}", "coda_prompt", **{**overrides, "seed": seed}
+        )
+        seed_dir = vmapped / f"seed_{seed}"
+        per_seed = json.load(open(seed_dir / records.RESULTS_FILE))
+        _assert_same_run(seed_dir, single_dir, per_seed, single)
