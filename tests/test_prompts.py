@@ -16,7 +16,14 @@ from test_multiseed import _assert_same_run
 
 from aepg_jax import config_lib, partition
 from aepg_jax.continual import loop
-from aepg_jax.continual.methods import Network, TaskSpec, coda_prompt, prompting
+from aepg_jax.continual.methods import (
+    Network,
+    TaskSpec,
+    coda_prompt,
+    dualprompt,
+    l2p,
+    prompting,
+)
 from aepg_jax.models import vit
 from aepg_jax.runs import records
 
@@ -231,6 +238,96 @@ def test_coda_checks_name_their_field():
         c = _method_config("coda_prompt", **{field: bad})
         with pytest.raises(ValueError, match=pattern):
             config_lib.validate(c)
+
+
+# -- L2P++ ---------------------------------------------------------------------------------
+
+
+def test_l2p_vit_b16_trainable_count():
+    method = l2p.L2P(_method_config("l2p", "vit_b16", num_tasks=10))
+    assert _count_prompts(_grown(method)) == 483_840
+
+
+def test_l2p_selects_the_top_5_keys():
+    """K = e_1..e_30 (one-hot rows), q = 5e3+4e7+3e1+2e9+1e2+0.5e5 -> {3, 7, 1, 9, 2}."""
+    keys = jnp.eye(30, 768)
+    q = jnp.zeros(768).at[jnp.array([3, 7, 1, 9, 2, 5])].set(jnp.array([5, 4, 3, 2, 1, 0.5]))
+    idx, s = l2p.select(q[None], keys, 5)
+    assert idx[0].tolist() == [3, 7, 1, 9, 2]
+    np.testing.assert_allclose(s[0, 3], 5 / np.sqrt(55.25), rtol=1e-6)
+
+
+def test_l2p_prefix_and_matching_loss():
+    cfg = _method_config("l2p", l2p_pool_size=6, l2p_length=4, l2p_top_k=2)
+    method = l2p.L2P(cfg)
+    prompts = _grown(method)["prompt"]
+    q = jax.random.normal(jax.random.key(0), (3, 32))
+    prefixes, match = method.prefixes(q, prompts, 0, train=True)
+    assert set(prefixes) == {0}
+    pk, pv = prefixes[0]
+    assert pk.shape == pv.shape == (3, 2 * 2, 32)
+    idx, s = l2p.select(q, prompts["keys"][0], 2)
+    chosen = prompts["prompts"][0][idx[1, 1]]  # sample 1's second prompt
+    np.testing.assert_array_equal(pk[1, 2:], chosen[:2])
+    np.testing.assert_array_equal(pv[1, 2:], chosen[2:])
+    expected = sum(1 - s[b, idx[b, j]] for b in range(3) for j in range(2)) / 3
+    np.testing.assert_allclose(match, expected, rtol=1e-6)
+    assert method.prefixes(q, prompts, 0, train=False)[1] is None
+
+
+# -- DualPrompt ----------------------------------------------------------------------------
+
+
+def test_dualprompt_vit_b16_trainable_count():
+    method = dualprompt.DualPrompt(_method_config("dualprompt", "vit_b16", num_tasks=10))
+    assert _count_prompts(_grown(method)) == 944_640
+
+
+def test_dualprompt_uses_the_task_slot_in_training_and_the_nearest_seen_key_at_test():
+    cfg = _method_config("dualprompt", num_tasks=4, dualprompt_pool_size=4)
+    method = dualprompt.DualPrompt(cfg)
+    prompts = dict(_grown(method)["prompt"])
+    prompts["keys"] = jnp.eye(4, 32)  # key j = e_j
+    eye = jnp.eye(32)
+    q = jnp.stack([eye[0], eye[3] + 0.5 * eye[2], eye[1]])  # nearest keys 0, 3 (unseen), 1
+    e = prompts["e"]
+    train, pull = method.prefixes(q, prompts, 2, train=True)
+    for i, block in enumerate((2, 3)):  # e-blocks (2, 3, 4) cut at depth 4
+        np.testing.assert_array_equal(train[block][0], jnp.broadcast_to(e[i, 0, 2], (3, 20, 32)))
+        np.testing.assert_array_equal(train[block][1], jnp.broadcast_to(e[i, 1, 2], (3, 20, 32)))
+    np.testing.assert_allclose(pull, -jnp.mean(prompting.cosine(q, prompts["keys"])[:, 2]))
+    for block in (0, 1):  # g-prompts: 5 key and 5 value tokens, the same for every sample
+        assert train[block][0].shape == (3, 5, 32)
+    test, none = method.prefixes(q, prompts, 2, train=False)  # tasks 0..2 seen: 3 -> 2
+    assert none is None
+    np.testing.assert_array_equal(dualprompt.slots(q, prompts["keys"], 3), [0, 2, 1])
+    np.testing.assert_array_equal(test[2][0][0], e[0, 0, 0])
+    np.testing.assert_array_equal(test[2][1][2], e[0, 1, 1])
+
+
+def test_dualprompt_copies_the_previous_slot_before_a_task():
+    method = dualprompt.DualPrompt(_method_config("dualprompt"))
+    trainable = _grown(method)
+    spec = TaskSpec(index=2, offset=8, num_classes=4, freeze_steps=0, head_sizes=(4, 4))
+    after, _ = method.begin_task(spec, trainable, {}, None)
+    e0, e1 = trainable["prompt"]["e"], after["prompt"]["e"]
+    np.testing.assert_array_equal(e1[:, :, 2], e0[:, :, 1])
+    np.testing.assert_array_equal(e1[:, :, :2], e0[:, :, :2])
+    np.testing.assert_array_equal(e1[:, :, 3:], e0[:, :, 3:])
+    np.testing.assert_array_equal(after["prompt"]["keys"], trainable["prompt"]["keys"])
+
+
+def test_l2p_and_dualprompt_checks_name_their_field():
+    for name, field, bad, pattern in (
+        ("l2p", "l2p_top_k", 40, r"method\.l2p_top_k=40 must be <= method\.l2p_pool_size=30"),
+        ("l2p", "l2p_length", 5, r"method\.l2p_length=5 must be even"),
+        ("l2p", "l2p_match_weight", -1.0, r"method\.l2p_match_weight=-1\.0"),
+        ("dualprompt", "dualprompt_pool_size", 2, r"dualprompt_pool_size=2 must be >= data"),
+        ("dualprompt", "dualprompt_e_blocks", (7,), r"dualprompt_e_blocks=\(7,\) has no block"),
+        ("dualprompt", "dualprompt_g_length", 0, r"dualprompt_g_length=0 must be an integer"),
+    ):
+        with pytest.raises(ValueError, match=pattern):
+            config_lib.validate(_method_config(name, **{field: bad}))
 
 
 # -- every method: the query pass, end-to-end runs ------------------------------------------
