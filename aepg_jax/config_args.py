@@ -21,6 +21,7 @@ from typing import Any
 import ml_collections
 
 from aepg_jax import config_lib
+from aepg_jax.continual import methods
 
 _TRUE, _FALSE = ("true", "1"), ("false", "0")
 
@@ -115,7 +116,7 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
 # the paper's method, LoRA + aEPG + LAE; each argument sets the config fields named here.
 PAPER_ARGS: dict[str, Any] = {
     "peft": "lora",  # model.peft.kind: lora | adapter | prefix
-    "method": "lae",  # method.name: plain | lwf | lae
+    "method": "lae",  # method.name: plain | lwf | lae | l2p | dualprompt | coda_prompt
     "loss": "aepg",  # loss.name: ce | epg | aepg | mix | focal | label_smoothing | ...
     "seed": 0,  # seed and data.noise_seed (the label noise is fixed once per seed)
     "schedule": "sigmoid",  # schedule.name: sigmoid | linear | cosine | constant (loss=aepg)
@@ -125,7 +126,12 @@ PAPER_ARGS: dict[str, Any] = {
     "smoothing": 0.05,  # loss.smoothing (label_smoothing)
     "beta": (None, float),  # loss.beta; None: the loss's own (confidence 0.1, entropy 1.0)
     "noise": 0.0,  # data.label_noise: symmetric within-task noise on training labels
+    # reference: the method's reference-implementation optim.* settings
+    # (`Method.reference_settings`; the paper's own methods have none, so Table 5's); common:
+    # Table 5's settings for every method (Adam 5e-4, batch 256, 30 head-only epochs, ...).
+    "settings": "reference",
 }
+SETTINGS = ("reference", "common")
 
 
 def paper_config(args: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -157,6 +163,15 @@ def paper_config(args: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.optim.epochs = 50
     c.optim.peft_freeze_epochs = 30  # tasks >= 1: head only for 30 epochs, then PEFT + head
     c.method.name = args.method
+    method = methods.get(args.method)
+    if not method.uses_model_peft:  # e.g. the prompt methods bring their own parameters
+        c.model.peft.kind = "none"
+    if args.settings not in SETTINGS:
+        raise ValueError(f"settings={args.settings!r} is unknown; use one of {SETTINGS}.")
+    if args.settings == "reference":
+        for dotted, value in method.reference_settings.items():
+            section, field = dotted.split(".")
+            c[section][field] = value
     c.method.ema_decay = 0.999  # LAE offline PEFT (the paper's, not LAE's 0.9999)
     c.method.lwf_weight = 1.0
     c.method.lwf_temperature = 1.0

@@ -6,6 +6,7 @@ Everything runs on a tiny ViT (width 32, 2 or 4 blocks, 16 px); ViT-B/16 counts 
 """
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -358,7 +359,13 @@ def test_no_gradient_reaches_the_query_pass():
     assert float(jnp.abs(through_query["prompt"]["keys"]).max()) > 0
 
 
-E2E = {"data.num_tasks": 2, "max_steps_per_task": 4}
+# The driver's tiny ViT has 2 blocks: DualPrompt's g-prompt on block 0, e-prompt on block 1.
+E2E = {
+    "data.num_tasks": 2,
+    "max_steps_per_task": 4,
+    "method.dualprompt_g_blocks": (0,),
+    "method.dualprompt_e_blocks": (1,),
+}
 
 
 def _run(tmp_path, name, **overrides):
@@ -370,7 +377,11 @@ def _run(tmp_path, name, **overrides):
     "name,loss",
     [
         ("coda_prompt", "aepg"),
+        ("l2p", "ce"),
+        ("dualprompt", "aepg"),
         pytest.param("coda_prompt", "ce", marks=pytest.mark.slow),
+        pytest.param("l2p", "aepg", marks=pytest.mark.slow),
+        pytest.param("dualprompt", "ce", marks=pytest.mark.slow),
     ],
 )
 def test_runs_end_to_end(tmp_path, name, loss):
@@ -382,6 +393,21 @@ def test_runs_end_to_end(tmp_path, name, loss):
     assert results["predictors"] == ["model"]
     train = [r for r in _read_jsonl(workdir / "metrics.jsonl") if r["type"] == "train"]
     assert all(np.isfinite(r["loss"]) for r in train)
+    assert next(r["train_peft"] for r in train if r["task"] == 1) is False  # head-only phase
+    saved = json.load(open(workdir / "results.json"))
+    assert saved["config"]["method"]["name"] == name
+
+
+@pytest.mark.slow
+def test_resume_mid_task_matches_an_uninterrupted_run(tmp_path):
+    """DualPrompt (whose begin_task copies a slot) resumed from a checkpoint inside task 1."""
+    overrides = {"checkpoint_every_steps": 2, "loss.name": "aepg"}
+    full, workdir = _run(tmp_path, "dualprompt", **overrides)
+    for step in ("8",):  # drop task 1's final checkpoint: resume from its step-6 one
+        shutil.rmtree(workdir / "checkpoints" / step)
+    (workdir / records.RESULTS_FILE).unlink()
+    resumed, _ = _run(tmp_path, "dualprompt", **overrides)
+    assert resumed["accuracy_matrix"] == full["accuracy_matrix"]
 
 
 @pytest.mark.slow
@@ -396,3 +422,35 @@ def test_two_vmapped_seeds_equal_two_single_runs(tmp_path):
         seed_dir = vmapped / f"seed_{seed}"
         per_seed = json.load(open(seed_dir / records.RESULTS_FILE))
         _assert_same_run(seed_dir, single_dir, per_seed, single)
+
+
+# -- configs ----------------------------------------------------------------------------------
+
+
+def _imagenet_r(arg):
+    c = config_lib.from_file("configs/imagenet_r.py", arg)
+    c.model.checkpoint = "/dummy/B_16.npz"
+    config_lib.validate(c)
+    return c
+
+
+def test_imagenet_r_rows_take_each_methods_reference_settings_or_the_common_ones():
+    o = _imagenet_r("method=coda_prompt,tasks=10").optim
+    assert (o.learning_rate, o.batch_size, o.epochs, o.peft_freeze_epochs) == (1e-3, 128, 50, 0)
+    assert (o.lr_schedule, o.clip_norm) == ("cosine_epochs", 0.0)
+    assert _imagenet_r("method=l2p").optim.to_dict() == o.to_dict()
+    c = _imagenet_r("method=dualprompt,tasks=20,loss=aepg")
+    assert (c.optim.learning_rate, c.optim.batch_size) == (0.005 * 24 / 256, 24)
+    assert (c.optim.lr_schedule, c.optim.clip_norm, c.optim.peft_freeze_epochs) == (
+        "constant",
+        1.0,
+        0,
+    )
+    assert c.method.dualprompt_pool_size == 20 and c.loss.name == "aepg"
+    assert c.model.peft.kind == "none"
+    common = _imagenet_r("method=coda_prompt,settings=common").optim
+    lae = _imagenet_r("method=lae").optim
+    assert common.to_dict() == lae.to_dict()
+    assert (common.learning_rate, common.batch_size, common.peft_freeze_epochs) == (5e-4, 256, 30)
+    with pytest.raises(ValueError, match="settings='nope' is unknown"):
+        _imagenet_r("settings=nope")

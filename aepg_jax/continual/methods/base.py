@@ -18,6 +18,7 @@ Inside the jitted evaluation (pure):
 Config:
     defaults: {field: value} added to `method.*`;  check(cfg) -> [problems]
     reference_settings: {"optim.field": value} of the method's reference implementation
+    uses_model_peft: whether the method trains the `model.peft` modules
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class Method:
     # The settings of the method's reference implementation, `{"optim.x": value}`, which the
     # paper configs apply with `settings=reference` ({}: the paper's own, Table 5).
     reference_settings: ClassVar[dict[str, Any]] = {}
+    uses_model_peft: ClassVar[bool] = True  # False: it ignores `model.peft` (own parameters)
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         self.cfg = cfg

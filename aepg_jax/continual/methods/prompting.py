@@ -116,6 +116,7 @@ class PromptMethod(Method):
     into per-block prefixes (and a method loss at training time)."""
 
     reference_settings: ClassVar[dict[str, Any]] = CODA_REPO_SETTINGS
+    uses_model_peft: ClassVar[bool] = False
 
     @property
     def width(self) -> int:
