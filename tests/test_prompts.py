@@ -192,6 +192,13 @@ def test_coda_gram_schmidt_after_training_is_orthogonal_to_the_trained_rows():
     assert _orthonormal_error(out[3:6]) < 1e-5
     assert float(np.abs(out[:3] @ out[3:6].T).max()) < 1e-5
     np.testing.assert_array_equal(out[6:], 0.0)
+    # More rows than dimensions: the rows past the 4th are random unit vectors, set by the key.
+    full = coda_prompt.gram_schmidt(np.zeros((6, 4), np.float32), 0, 6, jax.random.key(2))
+    assert _orthonormal_error(full[:4]) < 1e-5
+    np.testing.assert_allclose(np.linalg.norm(full, axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(
+        full, coda_prompt.gram_schmidt(np.zeros((6, 4), np.float32), 0, 6, jax.random.key(2))
+    )
 
 
 def test_coda_weights_on_one_hot_keys_and_attention():
@@ -368,9 +375,10 @@ E2E = {
 }
 
 
-def _run(tmp_path, name, **overrides):
+def _run(tmp_path, name, workdir=None, **overrides):
     cfg = tiny_config(tmp_path / "cache", **{**E2E, "method.name": name, **overrides})
-    return loop.run(cfg, str(tmp_path / name)), tmp_path / name
+    workdir = tmp_path / (workdir or name)
+    return loop.run(cfg, str(workdir)), workdir
 
 
 @pytest.mark.parametrize(
@@ -413,11 +421,11 @@ def test_resume_mid_task_matches_an_uninterrupted_run(tmp_path):
 @pytest.mark.slow
 def test_two_vmapped_seeds_equal_two_single_runs(tmp_path):
     overrides = {"seed": 5, "log_every_steps": 1, "loss.name": "aepg"}
-    summary, vmapped = _run(tmp_path / "v", "coda_prompt", num_seeds=2, **overrides)
+    summary, vmapped = _run(tmp_path, "coda_prompt", "v", num_seeds=2, **overrides)
     assert summary["seeds"] == [5, 6]
     for seed in (5, 6):
         single, single_dir = _run(
-            tmp_path / f"s{seed}", "coda_prompt", **{**overrides, "seed": seed}
+            tmp_path, "coda_prompt", f"s{seed}", **{**overrides, "seed": seed}
         )
         seed_dir = vmapped / f"seed_{seed}"
         per_seed = json.load(open(seed_dir / records.RESULTS_FILE))

@@ -41,7 +41,9 @@ _RESTART_NORM = 1e-4  # a fresh vector this close to the span of the earlier row
 
 def gram_schmidt(rows: np.ndarray, start: int, stop: int, key: jax.Array) -> np.ndarray:
     """`rows` (M, d) with rows [start, stop) replaced by orthonormal fresh N(0, 1) vectors,
-    orthogonal to rows [0, start); the other rows are returned unchanged (float32)."""
+    orthogonal to rows [0, start); the other rows are returned unchanged (float32). Once d
+    rows span the space (a tiny model: width < pool size) further rows are random unit
+    vectors (the reference would restart forever)."""
     rows = np.asarray(rows, np.float32)
     out = rows.copy()
     basis = np.zeros((0, rows.shape[1]))
@@ -51,6 +53,9 @@ def gram_schmidt(rows: np.ndarray, start: int, stop: int, key: jax.Array) -> np.
     fresh = np.asarray(jax.random.normal(key, (stop - start, rows.shape[1])), np.float64)
     for k in range(start, stop):
         v = fresh[k - start]
+        if len(basis) >= rows.shape[1]:  # no direction left (more rows than dimensions)
+            out[k] = (v / np.linalg.norm(v)).astype(np.float32)
+            continue
         for attempt in range(1, 100):
             w = v
             for _ in range(2):  # twice is enough (Kahan): orthogonal to float64 precision
