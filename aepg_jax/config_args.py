@@ -138,7 +138,10 @@ def paper_config(args: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """ViT-B/16 augreg with the paper's training settings (its Table 5, SPEC §6-§7) and `args`.
 
     `args` is `parse_arg(arg, **PAPER_ARGS)` (plus the config's own keys). The caller sets the
-    data fields (`data.source`, `data.name`, `data.num_tasks`, `data.data_dir`).
+    data fields (`data.source`, `data.name`, `data.num_tasks`, `data.data_dir`). With
+    `settings=reference` the method's `reference_settings` (its reference implementation's
+    optim.* values; none for plain, lwf, lae) replace Table 5's; a method that brings its own
+    parameters (`uses_model_peft` False: the prompt methods) gets `model.peft.kind=none`.
     `model.checkpoint` stays unset: the user passes the downloaded augreg `.npz` with
     `--config.model.checkpoint=PATH`, and `config_lib.validate` rejects the config without it.
     """
