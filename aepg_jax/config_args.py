@@ -116,7 +116,7 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
 # the paper's method, LoRA + aEPG + LAE; each argument sets the config fields named here.
 PAPER_ARGS: dict[str, Any] = {
     "peft": "lora",  # model.peft.kind: lora | adapter | prefix
-    "method": "lae",  # method.name: plain | lwf | lae | inflora
+    "method": "lae",  # method.name: plain | lwf | lae | l2p | dualprompt | coda_prompt | inflora
     "loss": "aepg",  # loss.name: ce | epg | aepg | mix | focal | label_smoothing | ...
     "seed": 0,  # seed and data.noise_seed (the label noise is fixed once per seed)
     "schedule": "sigmoid",  # schedule.name: sigmoid | linear | cosine | constant (loss=aepg)
@@ -138,7 +138,10 @@ def paper_config(args: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """ViT-B/16 augreg with the paper's training settings (its Table 5, SPEC §6-§7) and `args`.
 
     `args` is `parse_arg(arg, **PAPER_ARGS)` (plus the config's own keys). The caller sets the
-    data fields (`data.source`, `data.name`, `data.num_tasks`, `data.data_dir`).
+    data fields (`data.source`, `data.name`, `data.num_tasks`, `data.data_dir`). With
+    `settings=reference` the method's `reference_settings` (its reference implementation's
+    optim.* values; none for plain, lwf, lae) replace Table 5's; a method that brings its own
+    parameters (`uses_model_peft` False: the prompt methods) gets `model.peft.kind=none`.
     `model.checkpoint` stays unset: the user passes the downloaded augreg `.npz` with
     `--config.model.checkpoint=PATH`, and `config_lib.validate` rejects the config without it.
     """

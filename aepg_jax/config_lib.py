@@ -53,16 +53,28 @@ Fields (defaults in brackets):
                                to this before Adam, as torch's clip_grad_norm_; 0: off
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
-  method.name [plain]          plain | lae | lwf | inflora (continual/methods/, one module each)
+  method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora
+                               (continual/methods/, one module each)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
-                               decay); LwF lwf_temperature [1.0], lwf_weight [1.0]; InfLoRA
-                               inflora_blocks [(0, 1, 2, 3, 4), cut at the depth] (blocks whose
-                               K/V get the per-task LoRA pairs), inflora_rank [5], inflora_lamb
-                               [0.99] / inflora_lame [1.0] (memory threshold (lame - lamb) t / T
-                               + lamb after task t), inflora_memory [dualgpm] (dualgpm: 'remove'
-                               / 'retain' bases; gpm: 'remove' only, as InfLoRA-b5's code).
-                               InfLoRA ignores model.peft (it brings its own LoRA pairs)
+                               decay); LwF lwf_temperature [1.0], lwf_weight [1.0];
+                               L2P++ l2p_pool_size [30], l2p_length [20] (half key, half value
+                               prefix tokens), l2p_top_k [5], l2p_blocks [(0,)],
+                               l2p_match_weight [1.0];
+                               DualPrompt dualprompt_pool_size [10] (e-prompt slots, >= tasks),
+                               dualprompt_g_length [5] / dualprompt_e_length [20] (key tokens,
+                               and as many value tokens), dualprompt_g_blocks [(0, 1)],
+                               dualprompt_e_blocks [(2, 3, 4)], dualprompt_pull_weight [1.0];
+                               CODA-P coda_pool_size [100] (pool // data.num_tasks per task),
+                               coda_length [8] (half key, half value), coda_blocks
+                               [(0, 1, 2, 3, 4)], coda_ortho_weight [0.0]. Block lists are cut
+                               at model.depth; the prompt methods ignore model.peft;
+                               InfLoRA inflora_blocks [(0, 1, 2, 3, 4), cut at the depth] (blocks
+                               whose K/V get the per-task LoRA pairs), inflora_rank [5],
+                               inflora_lamb [0.99] / inflora_lame [1.0] (memory threshold
+                               (lame - lamb) t / T + lamb after task t), inflora_memory
+                               [dualgpm] (dualgpm: 'remove' / 'retain' bases; gpm: 'remove'
+                               only, as InfLoRA-b5's code); InfLoRA ignores model.peft too
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   max_steps_per_task [None]    cap on steps per task (smoke tests)

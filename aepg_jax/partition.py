@@ -33,6 +33,7 @@ TRAINABLE = (PEFT, HEAD)
 
 DEFAULT_RULES: Rules = (
     (r"(^|/)(lora|adapter|prefix)/", PEFT),
+    (r"^prompt/", PEFT),  # the prompt baselines' prompts, keys and attention vectors
     (r"^head/", HEAD),
     (r"^(embedding|cls|Transformer)(/|$)", BACKBONE),
 )

@@ -3,7 +3,8 @@ r"""Split ImageNet-R: 200 classes in 5, 10 or 20 tasks, ViT-B/16 augreg with PEF
 Arguments (`configs/imagenet_r.py:key=value,...`, defaults in brackets):
   tasks [10]        5 | 10 | 20 tasks (40, 20 or 10 classes each)
   peft [lora]       lora | adapter | prefix
-  method [lae]      plain | lwf | lae | inflora (InfLoRA brings its own per-task LoRA pairs:
+  method [lae]      plain | lwf | lae | l2p | dualprompt | coda_prompt | inflora (the prompt
+                    methods train their own prompts, InfLoRA its own per-task LoRA pairs:
                     model.peft is set to none)
   loss [aepg]       ce | epg | aepg | mix | focal | label_smoothing | confidence_penalty |
                     entropy_penalty
@@ -13,11 +14,12 @@ Arguments (`configs/imagenet_r.py:key=value,...`, defaults in brackets):
   alpha [0.5]       fixed alpha of loss=mix (and of schedule=constant)
   gamma [1.0] / smoothing [0.05] / beta [the loss's: 0.1 confidence, 1.0 entropy penalty]
   noise [0.0]       symmetric label-noise rate of the training labels (0.2 in the paper)
-  settings [reference]  reference: the method's reference-implementation optimiser settings
-                    (InfLoRA: Adam 5e-4, batch 128, 50 epochs with the per-epoch cosine decay,
-                    B_t trained from the first step); plain / lwf / lae have none, they run the
-                    paper's. common: the paper's Table 5 settings for every method (Adam 5e-4,
-                    batch 256, 30 head-only epochs)
+  settings [reference]  reference: each method's reference-implementation optimiser settings
+                    (L2P++ / CODA-P: Adam 1e-3, batch 128, per-epoch cosine decay; DualPrompt:
+                    Adam 4.6875e-4, batch 24, clip 1.0; InfLoRA: Adam 5e-4, batch 128, per-epoch
+                    cosine decay; all 50 epochs, no head-only epochs); plain / lwf / lae have
+                    none, they run the paper's. common: the paper's Table 5 settings for every
+                    method (Adam 5e-4, batch 256, 30 head-only epochs)
 
 Data: TFDS `imagenet_r` (train = test[:80%], test = test[80%:], L2P's split), prepared once
 with `tfds build imagenet_r --file_format=array_record --data_dir=DIR`; add
@@ -34,6 +36,15 @@ split by data.split_seed instead of L2P's). Each loop below reproduces one table
     for t in 5 10 20; do for m in plain lwf lae; do for l in ce aepg; do for s in 0 1 2 3 4; do
       python -m aepg_jax.main --config=configs/imagenet_r.py:tasks=$t,method=$m,loss=$l,seed=$s \
         --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/t1_$t-$m-$l-$s
+    done; done; done; done
+
+    # Table 1: L2P (L2P++), DualPrompt, CODA-Prompt with their reference settings, 5 seeds
+    # (loss=ce); loss=aepg gives "<method> + aEPG", settings=common the paper's Table 5 settings.
+    for t in 5 10 20; do for m in l2p dualprompt coda_prompt; do for l in ce aepg; do
+      for s in 0 1 2 3 4; do
+        python -m aepg_jax.main \
+          --config=configs/imagenet_r.py:tasks=$t,method=$m,loss=$l,seed=$s \
+          --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/t1_$t-$m-$l-$s
     done; done; done; done
 
     # Table 1: InfLoRA (blocks 0-4, rank 5, lamb 0.99, lame 1.0: the paper's Table 5) with its
@@ -104,4 +115,6 @@ def get_config(arg=None):
     c.data.source = "tfds"
     c.data.name = "imagenet_r"
     c.data.num_tasks = a.tasks
+    # DualPrompt trains slot t in task t: its pool (10, the reference's) needs a slot per task.
+    c.method.dualprompt_pool_size = max(c.method.dualprompt_pool_size, a.tasks)
     return c

@@ -10,6 +10,12 @@ blocks, LayerNorm eps 1e-6, exact (erf) GELU, no dropout.
     logits, out = model.apply({"params": params}, images)   # images (B, S, S, C), normalised
     out["features"]   # final-norm cls token (B, D)
     out["tokens"]     # final-norm token sequence (B, 1 + N, D), with return_tokens=True
+
+External prefixes (the prompt baselines, SPEC_BASELINES §0): `model.apply(..., prefixes={l:
+(P_k, P_v)})` with P_k, P_v (B, L_p, D) appends L_p key and value tokens to the attention of
+block l (split into heads like the keys; queries and sequence length unchanged; plain softmax,
+no compensation). A block without an entry, or with L_p = 0, computes exactly what it would
+without prefixes.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from aepg_jax.models import head as head_lib
 from aepg_jax.models import peft as peft_lib
 
 LN_EPS = 1e-6
+
+# {block index: (key prefix, value prefix)}, each (B, L_p, D).
+Prefixes = dict[int, tuple[jax.Array, jax.Array]]
 
 PRESETS: dict[str, dict[str, int]] = {
     # ViT-B/16 at 224 px, the paper's backbone (augreg i21k weights).
@@ -97,7 +106,8 @@ class MlpBlock(nn.Module):
 
 
 class MultiHeadDotProductAttention(nn.Module):
-    """Self-attention `softmax(q k^T / sqrt(Dh)) v` with optional LoRA and prefix.
+    """Self-attention `softmax(q k^T / sqrt(Dh)) v` with optional LoRA, PEFT prefix and an
+    external (prompt) prefix.
 
     q/k/v kernels are (D, H, Dh) and the out kernel (H, Dh, D), as in the published checkpoints.
     """
@@ -108,7 +118,9 @@ class MultiHeadDotProductAttention(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, prefix: tuple[jax.Array, jax.Array] | None = None
+    ) -> jax.Array:
         width = x.shape[-1]
         if width % self.num_heads:
             raise ValueError(f"hidden_size {width} is not divisible by num_heads {self.num_heads}.")
@@ -130,6 +142,10 @@ class MultiHeadDotProductAttention(nn.Module):
             )
             k = peft_lib.insert_prefix(k, prefix_k)
             v = peft_lib.insert_prefix(v, prefix_v)
+        if prefix is not None and prefix[0].shape[1]:
+            # Appended after every token: softmax is order-free, and the compensated PEFT
+            # prefix keeps its columns [1, 1 + L).
+            k, v = (append_prefix(t, p) for t, p in zip((k, v), prefix, strict=True))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(q.dtype)
         weights = jax.nn.softmax(scores.astype(jnp.float32), axis=-1)
         if self.prefix_length:
@@ -154,7 +170,9 @@ class Encoder1DBlock(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, prefix: tuple[jax.Array, jax.Array] | None = None
+    ) -> jax.Array:
         on = lambda kind: self.peft.on_block(kind, self.block_index)
         y = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype)(x)
         attn = MultiHeadDotProductAttention(
@@ -162,7 +180,7 @@ class Encoder1DBlock(nn.Module):
             lora_rank=self.peft.lora_rank if on("lora") else None,
             prefix_length=self.peft.prefix_length if on("prefix") else None,
             dtype=self.dtype,
-        )(y)
+        )(y, prefix)
         if on("adapter"):
             attn = attn + peft_lib.Adapter(self.peft.adapter_dim, self.dtype, name="adapter")(y)
         x = x + attn
@@ -180,12 +198,13 @@ class Encoder(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, prefixes: Prefixes | None = None) -> jax.Array:
         x = AddPositionEmbs(name="posembed_input")(x)
+        prefixes = prefixes or {}
         for i in range(self.depth):
             x = Encoder1DBlock(
                 self.num_heads, self.mlp_dim, i, self.peft, self.dtype, name=f"encoderblock_{i}"
-            )(x)
+            )(x, prefixes.get(i))
         return nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, name="encoder_norm")(x)
 
 
@@ -212,9 +231,14 @@ class VisionTransformer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, images: jax.Array, *, return_tokens: bool = False
+        self,
+        images: jax.Array,
+        *,
+        return_tokens: bool = False,
+        prefixes: Prefixes | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         chex.assert_rank(images, 4)
+        _check_prefixes(prefixes, images.shape[0], self.hidden_size, self.depth)
         if self.peft.kind != "none" and max(self.peft.blocks, default=-1) >= self.depth:
             raise ValueError(
                 f"peft.blocks {list(self.peft.blocks)} name blocks beyond depth {self.depth}; "
@@ -235,7 +259,7 @@ class VisionTransformer(nn.Module):
         x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, width)), x], 1)
         x = Encoder(
             self.depth, self.num_heads, self.mlp_dim, self.peft, self.dtype, name="Transformer"
-        )(x)
+        )(x, prefixes)
         x = x.astype(jnp.float32)
         features = x[:, 0]
         logits = head_lib.TaskHeads(self.head_sizes, name="head")(features)
@@ -243,6 +267,22 @@ class VisionTransformer(nn.Module):
         if return_tokens:
             out["tokens"] = x
         return logits, out
+
+
+def append_prefix(tokens: jax.Array, prefix: jax.Array) -> jax.Array:
+    """`concat(tokens, prefix)` on the token axis: tokens (B, N, H, Dh), prefix (B, L, H * Dh)."""
+    batch, _, heads, head_dim = tokens.shape
+    prefix = prefix.astype(tokens.dtype).reshape(batch, -1, heads, head_dim)
+    return jnp.concatenate([tokens, prefix], axis=1)
+
+
+def _check_prefixes(prefixes: Prefixes | None, batch: int, width: int, depth: int) -> None:
+    """Each entry: a block in [0, depth), key and value prefixes of one shape (B, L_p, D)."""
+    for block, (pk, pv) in (prefixes or {}).items():
+        if not 0 <= block < depth:
+            raise ValueError(f"A prefix names block {block}; use blocks in [0, {depth}).")
+        chex.assert_shape(pk, (batch, None, width))
+        chex.assert_equal_shape((pk, pv))
 
 
 def peft_from_config(cfg: ml_collections.ConfigDict) -> peft_lib.PeftConfig:

@@ -56,10 +56,16 @@ class Network:
     model_cfg: ml_collections.ConfigDict
 
     def apply(
-        self, params: Params, images: jax.Array, head_sizes: tuple[int, ...]
+        self,
+        params: Params,
+        images: jax.Array,
+        head_sizes: tuple[int, ...],
+        prefixes: vit.Prefixes | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """`(logits (B, sum(head_sizes)), {"features": ...})` of the full parameter tree."""
-        return vit.build(self.model_cfg, tuple(head_sizes)).apply({"params": params}, images)
+        """`(logits (B, sum(head_sizes)), {"features": ...})` of the full parameter tree, with
+        optional external key/value prefixes per block (see `vit.py`)."""
+        model = vit.build(self.model_cfg, tuple(head_sizes))
+        return model.apply({"params": params}, images, prefixes=prefixes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,164 @@
+"""CODA-Prompt (SPEC_BASELINES §3; GT-RIPL/CODA-Prompt models/zoo.py CodaPrompt).
+
+Per prompted block l (`method.coda_blocks`, default 0-4): components P_l (M, L, D), keys K_l
+(M, D) and attention vectors A_l (M, D), M = `coda_pool_size` (100), L = `coda_length` (8: the
+first L/2 rows are key prefixes, the rest value prefixes). With T tasks, task t owns rows
+[t pt, (t+1) pt), pt = M // T; s = t pt, f = s + pt.
+
+    w[b, k] = cos(q_b * A_k, K_k)                    (no top-k, no softmax)
+    prefix_b = sum_{k < f} w[b, k] P_k   (L, D)      split into L/2 key and L/2 value tokens
+
+Training task t uses rows [0, f) with rows [0, s) under stop_gradient (frozen: their gradients
+are zero, so Adam, fresh each task, leaves them bit-identical); evaluation after task t uses
+rows [0, f). Loss term: mu * sum_l (mean((K K^T - I)^2) + mean((A A^T - I)^2) +
+mean((P P^T - I)^2)) over rows [0, f) (P flattened to (f, L D)), mu = `coda_ortho_weight`
+(0, the shipped script's value).
+
+Gram-Schmidt, host side, in `grow` (the seed's key, before each task's training): rows [s, f)
+of K, A and flattened P become fresh N(0, 1) vectors made orthogonal to every earlier row and
+to each other, then unit-normalised; rows [0, s) keep their values bit for bit, rows >= f stay
+0 until their task. The reference projects each new vector on every earlier row separately
+(classical GS), which is orthogonal to the trained rows only while they are mutually
+orthogonal; we project out the span of the earlier rows (identical when they are orthogonal,
+e.g. before any training, and what GS intends when training has moved them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from aepg_jax.continual.methods import prompting
+from aepg_jax.continual.methods.base import Params
+from aepg_jax.models import vit
+
+_RESTART_NORM = 1e-4  # a fresh vector this close to the span of the earlier rows is redrawn
+
+
+def gram_schmidt(rows: np.ndarray, start: int, stop: int, key: jax.Array) -> np.ndarray:
+    """`rows` (M, d) with rows [start, stop) replaced by orthonormal fresh N(0, 1) vectors,
+    orthogonal to rows [0, start); the other rows are returned unchanged (float32). Once d
+    rows span the space (a tiny model: width < pool size) further rows are random unit
+    vectors (the reference would restart forever)."""
+    rows = np.asarray(rows, np.float32)
+    out = rows.copy()
+    basis = np.zeros((0, rows.shape[1]))
+    if start:  # an orthonormal basis of the span of the earlier rows (float64)
+        q, r = np.linalg.qr(rows[:start].astype(np.float64).T)
+        basis = q.T[np.abs(np.diag(r)) > 1e-10 * max(np.abs(np.diag(r)).max(), 1e-30)]
+    fresh = np.asarray(jax.random.normal(key, (stop - start, rows.shape[1])), np.float64)
+    for k in range(start, stop):
+        v = fresh[k - start]
+        if len(basis) >= rows.shape[1]:  # no direction left (more rows than dimensions)
+            out[k] = (v / np.linalg.norm(v)).astype(np.float32)
+            continue
+        for attempt in range(1, 100):
+            w = v
+            for _ in range(2):  # twice is enough (Kahan): orthogonal to float64 precision
+                w = w - basis.T @ (basis @ w)
+            if np.linalg.norm(w) > _RESTART_NORM * np.linalg.norm(v):
+                break
+            redraw = jax.random.fold_in(key, 1000 * k + attempt)  # as the reference restarts
+            v = np.asarray(jax.random.normal(redraw, v.shape), np.float64)
+        v = w / np.linalg.norm(w)
+        basis = np.concatenate([basis, v[None]], axis=0)
+        out[k] = v.astype(np.float32)
+    return out
+
+
+def component_weights(q: jax.Array, attention: jax.Array, keys: jax.Array) -> jax.Array:
+    """`w[b, k] = cos(q_b * A_k, K_k)`: q (B, D), attention and keys (k, D) -> (B, k)."""
+    aq = q[:, None, :] * attention[None]  # (B, k, D)
+    return jnp.sum(prompting.normalize(aq) * prompting.normalize(keys)[None], axis=-1)
+
+
+def ortho_penalty(t: jax.Array) -> jax.Array:
+    """`mean((t t^T - I)^2)` of a (k, d) matrix."""
+    return jnp.mean((t @ t.T - jnp.eye(t.shape[0], dtype=t.dtype)) ** 2)
+
+
+class CodaPrompt(prompting.PromptMethod):
+    """CODA-P: a weighted sum of prompt components per block, new components per task."""
+
+    name = "coda_prompt"
+    defaults: ClassVar[dict[str, Any]] = {
+        "coda_pool_size": 100,
+        "coda_length": 8,
+        "coda_blocks": (0, 1, 2, 3, 4),
+        "coda_ortho_weight": 0.0,
+    }
+
+    @classmethod
+    def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
+        m = cfg.method
+        p = prompting.positive_int_problems(m, ("coda_pool_size", "coda_length"))
+        if not p and m.coda_length % 2:
+            p.append(f"method.coda_length={m.coda_length} must be even (L/2 keys, L/2 values).")
+        if not m.coda_ortho_weight >= 0:
+            p.append(f"method.coda_ortho_weight={m.coda_ortho_weight} must be >= 0.")
+        if m.name == cls.name:
+            p += prompting.block_problems("coda_blocks", m.coda_blocks, cfg.model.depth)
+            if not p and m.coda_pool_size < cfg.data.num_tasks:
+                p.append(
+                    f"method.coda_pool_size={m.coda_pool_size} must be >= data.num_tasks="
+                    f"{cfg.data.num_tasks} (each task owns pool_size // num_tasks components)."
+                )
+        return p
+
+    @property
+    def per_task(self) -> int:
+        return self.cfg.method.coda_pool_size // self.cfg.data.num_tasks
+
+    def init_prompts(self, key: jax.Array) -> Params:
+        m, n = self.cfg.method, len(self.blocks("coda_blocks"))
+        zeros = {
+            "keys": jnp.zeros((n, m.coda_pool_size, self.width)),
+            "attention": jnp.zeros((n, m.coda_pool_size, self.width)),
+            "components": jnp.zeros((n, m.coda_pool_size, m.coda_length, self.width)),
+        }
+        return self.orthogonalise(zeros, 0, key)
+
+    def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
+        if task == 0:
+            return super().grow(task, trainable, key)
+        prompts = self.orthogonalise(trainable[prompting.PROMPT], task, key)
+        return {**trainable, prompting.PROMPT: prompts}
+
+    def orthogonalise(self, prompts: Params, task: int, key: jax.Array) -> Params:
+        """Gram-Schmidt of task `task`'s rows of every block's keys, attention, components."""
+        s, f = task * self.per_task, (task + 1) * self.per_task
+        out = {}
+        for i, name in enumerate(("keys", "attention", "components")):
+            stack = np.asarray(prompts[name])
+            new = np.stack(
+                [
+                    gram_schmidt(
+                        block.reshape(block.shape[0], -1), s, f, jax.random.fold_in(key, 8 * b + i)
+                    ).reshape(block.shape)
+                    for b, block in enumerate(stack)
+                ]
+            )
+            out[name] = jnp.asarray(new)
+        return out
+
+    def prefixes(
+        self, q: jax.Array, prompts: Params, task: int, train: bool
+    ) -> tuple[vit.Prefixes, jax.Array | None]:
+        s, f = task * self.per_task, (task + 1) * self.per_task
+        mu = self.cfg.method.coda_ortho_weight
+        prefixes, penalty = {}, jnp.zeros([], jnp.float32)
+        for i, block in enumerate(self.blocks("coda_blocks")):
+            k, a, p = (prompts[n][i, :f] for n in ("keys", "attention", "components"))
+            if train:  # earlier tasks' rows are frozen
+                k, a, p = (
+                    jnp.concatenate([jax.lax.stop_gradient(t[:s]), t[s:]]) for t in (k, a, p)
+                )
+            w = component_weights(q, a, k)
+            prefixes[block] = prompting.split_kv(jnp.einsum("bk,kld->bld", w, p))
+            if train and mu > 0:
+                penalty += ortho_penalty(k) + ortho_penalty(a) + ortho_penalty(p.reshape(f, -1))
+        return prefixes, (mu * penalty if train and mu > 0 else None)
