@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import zipfile
 
 import ml_collections
 from ml_collections import config_dict
@@ -306,6 +307,13 @@ def _validate_model(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
         "model.init=augreg needs model.checkpoint=<path to the .npz you downloaded>.",
         p,
     )
+    if m.init == "augreg" and m.checkpoint and os.path.isfile(os.path.expanduser(m.checkpoint)):
+        _check(  # a saved HTML page or a truncated download: say so before any data work
+            zipfile.is_zipfile(os.path.expanduser(m.checkpoint)),
+            f"model.checkpoint={m.checkpoint} is not a readable .npz file (not a zip archive): "
+            "pass the augreg/ViT .npz file; a truncated download also looks like this.",
+            p,
+        )
 
 
 def _validate_pretrain(cfg: ml_collections.ConfigDict, p: list[str]) -> None:

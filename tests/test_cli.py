@@ -102,6 +102,6 @@ def test_errors_after_parsing_are_one_line(tmp_path, case):
         fake = tmp_path / "weights.npz"
         fake.write_text("<html>not found</html>")
         extra = ["--config.model.init=augreg", f"--config.model.checkpoint={fake}"]
-        expected = "model.checkpoint: "
+        expected = "model.checkpoint="
     line = _main(tmp_path, f"--workdir={workdir}", *extra)
     assert expected in line, line

@@ -78,7 +78,7 @@ def check_finite(
     )
 
 
-def _run_step(run: Run, t: int, state: ts.TrainState) -> Callable:
+def run_step_fn(run: Run, t: int, state: ts.TrainState) -> Callable:
     """`run_step(state, frozen, batch) -> (state, metrics)` of task `t`, vmapped over seeds."""
     cfg, spec = run.cfg, task_spec(run, t)
     plan = plan_task(cfg, run.data.tasks.tasks[t])
@@ -248,7 +248,7 @@ def train_task(
     )
     log = _Logger(run, book, t, plan, start_step)
     every = cfg.checkpoint_every_steps
-    stream = chunks(run, _run_step(run, t, state), t, plan, state, start_step)
+    stream = chunks(run, run_step_fn(run, t, state), t, plan, state, start_step)
     for state, step, k, metrics_chunk in stream:
         bar.update(k)
         if log(state, step, k, metrics_chunk, bar):
