@@ -17,6 +17,7 @@ def bench(monkeypatch):
     return importlib.import_module("bench_step")
 
 
+@pytest.mark.slow  # CI: the table test below times the same JAX step
 def test_bench_jax_vit_tiny_reports_positive_throughput(bench):
     ips = bench.bench_jax("lora", model="vit_tiny", batch=4, steps=2, rounds=1, warmup=1)
     assert math.isfinite(ips) and ips > 0

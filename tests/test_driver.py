@@ -33,7 +33,8 @@ def _read_jsonl(path):
 @pytest.mark.parametrize(
     "method,loss,peft",
     [
-        ("lae", "aepg", "lora"),
+        # LoRA + aEPG + LAE runs end to end in CI as test_default_config_runs_offline.
+        pytest.param("lae", "aepg", "lora", marks=pytest.mark.slow),
         # CI runs these PEFT kinds and methods in test_paper_config_runs_at_tiny_shape.
         pytest.param("lwf", "focal", "adapter", marks=pytest.mark.slow),
         pytest.param("plain", "ce", "prefix", marks=pytest.mark.slow),
@@ -250,6 +251,7 @@ def test_sigkill_mid_task_then_resume_matches_an_uninterrupted_run(tmp_path, met
     )
 
 
+@pytest.mark.slow  # two subprocess runs (~90 s on 2 cores); CI: loader and scratch 8-device tests
 def test_sharded_over_8_devices_matches_one_device(tmp_path):
     overrides = {
         "method.name": "lae",
@@ -408,10 +410,14 @@ def test_cosine_epoch_schedule_and_clipping():
     assert not np.allclose(unclipped["head"]["kernel"], u_clip["head"]["kernel"], rtol=1e-3)
 
 
-def test_backbone_at_chance_is_refused_and_not_cached(tmp_path, monkeypatch):
+def test_backbone_at_chance_is_refused():
     with pytest.raises(ValueError, match=r"reached 10\.0% test accuracy, chance is 10\.0%"):
         pretrain.check_above_chance(0.10, 10, "digits")
     pretrain.check_above_chance(0.16, 10, "digits")  # 1.6x chance: accepted
+
+
+@pytest.mark.slow  # pretrains for an epoch
+def test_backbone_at_chance_is_not_cached(tmp_path, monkeypatch):
     cfg = tiny_config(tmp_path / "cache", **{"model.init": "pretrained", "pretrain.epochs": 1})
     cfg.pretrain.dataset = "digits"
     monkeypatch.setattr(pretrain, "_accuracy", lambda *args: 0.09)  # as a broken training ends

@@ -78,7 +78,9 @@ def test_seed_i_of_a_vmapped_run_equals_a_single_run_of_seed_i(tmp_path, overrid
     assert saved["metrics"][primary]["A_T"]["mean"] == pytest.approx(np.mean(a_t))
     assert saved["metrics"][primary]["A_T"]["std"] == pytest.approx(np.std(a_t, ddof=1))
 
-    for seed in seeds:
+    # The last seed's single run (one suffices in CI: seed index > 0 is where a wrong
+    # per-seed slice would show; both are compared in the slow variant).
+    for seed in seeds if overrides.get("optim.steps_per_call", 1) > 1 else seeds[-1:]:
         single_cfg = tiny_config(tmp_path / "cache", **base, **overrides)
         single_cfg.seed, single_cfg.num_seeds = seed, 1
         single = loop.run(single_cfg, str(tmp_path / f"single_{seed}"))
