@@ -204,6 +204,8 @@ def _run_subprocess(cache, workdir, overrides, env=None, wait=True):
 @pytest.mark.parametrize("method", ["lae", "l2p", "dualprompt", "coda_prompt"])
 def test_sigkill_mid_task_then_resume_matches_an_uninterrupted_run(tmp_path, method):
     overrides = {
+        # The tiny ViT has 2 blocks: DualPrompt's e-prompts (blocks 2-4 by default) go on block 1.
+        **({"method.dualprompt_e_blocks": (1,)} if method == "dualprompt" else {}),
         "method.name": method,
         "loss.name": "aepg",
         "checkpoint_every_steps": 2,
