@@ -38,10 +38,10 @@ def method_config(name: str, model: str, batch: int, cache: str):
     cfg.optim.batch_size = batch
     cfg.optim.peft_freeze_epochs = 0  # time the full step, PEFT or prompts included
     if model == "vit_b16":
-        peft = dict(cfg.model.peft)
-        cfg.model.update(config_lib.base_config("vit_b16").model)
-        cfg.model.peft.update(peft, blocks=(0, 1, 2, 3, 4))
-        cfg.model.init = "random"
+        b16 = config_lib.base_config("vit_b16").model
+        for field in ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim", "image_size"):
+            cfg.model[field] = b16[field]
+        cfg.model.peft.blocks = (0, 1, 2, 3, 4)
         cfg.data.store_size = 256
     return cfg
 
