@@ -85,20 +85,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import zipfile
 
 import ml_collections
 from ml_collections import config_dict
 
-from aepg_jax import losses, schedules
+from aepg_jax import config_checks, losses
 from aepg_jax.continual import methods
-from aepg_jax.data import datasets
-from aepg_jax.models import peft as peft_lib
 from aepg_jax.models import vit
-
-MODEL_INITS = ("random", "augreg", "pretrained")
-NORMALIZE = ("minus_one_one", "none")
-LR_SCHEDULES = ("constant", "cosine_epochs")
 
 
 def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
@@ -185,221 +178,32 @@ def schedule_kwargs(cfg: ml_collections.ConfigDict) -> dict[str, float]:
     )
 
 
-def _check(condition: bool, message: str, problems: list[str]) -> None:
-    if not condition:
-        problems.append(message)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _positive_ints(fields: dict[str, object], p: list[str]) -> None:
-    for name, value in fields.items():
-        _check(_is_int(value) and value >= 1, f"{name}={value!r} must be an integer >= 1.", p)
-
-
-def _seeds(fields: dict[str, object], p: list[str]) -> None:
-    for name, value in fields.items():
-        _check(
-            value is None or (_is_int(value) and value >= 0),
-            f"{name}={value!r} must be an integer >= 0.",
-            p,
-        )
-
-
-def _validate_data(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
-    d = cfg.data
-    _check(
-        d.source in datasets.SOURCES,
-        f"data.source={d.source!r} is unknown; use one of {', '.join(datasets.SOURCES)}.",
-        p,
-    )
-    _check(
-        d.source != "folder" or bool(d.data_dir),
-        "data.source=folder needs data.data_dir=<image folder root>.",
-        p,
-    )
-    _check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=<tfds name>.", p)
-    _positive_ints({"num_seeds": cfg.num_seeds, "data.num_tasks": d.num_tasks}, p)
-    _positive_ints({"data.store_size": d.store_size}, p)
-    _seeds(
-        {
-            "seed": cfg.seed,
-            "data.split_seed": d.split_seed,
-            "data.class_order_seed": d.class_order_seed,
-            "data.noise_seed": d.noise_seed,
-        },
-        p,
-    )
-    _check(0.0 <= d.label_noise < 1.0, f"data.label_noise={d.label_noise} must be in [0, 1).", p)
-    _check(
-        cfg.input.normalize in NORMALIZE,
-        f"input.normalize={cfg.input.normalize!r}: use one of {NORMALIZE}.",
-        p,
-    )
-    _check(
-        d.store_size >= cfg.model.image_size,
-        f"data.store_size={d.store_size} must be >= model.image_size={cfg.model.image_size}.",
-        p,
-    )
-    for name in ("crop_scale", "crop_ratio"):
-        lo, hi = d[name]
-        _check(0 < lo <= hi, f"data.{name}={tuple(d[name])} must satisfy 0 < lo <= hi.", p)
-    _check(d.crop_scale[1] <= 1.0, f"data.crop_scale={tuple(d.crop_scale)}: hi must be <= 1.", p)
-    _check(0.0 <= d.flip_prob <= 1.0, f"data.flip_prob={d.flip_prob} must be in [0, 1].", p)
-
-
-def _validate_model(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
-    m = cfg.model
-    _positive_ints(
-        {
-            f"model.{k}": m[k]
-            for k in (
-                "patch_size",
-                "hidden_size",
-                "depth",
-                "num_heads",
-                "mlp_dim",
-                "image_size",
-                "num_channels",
-            )
-        },
-        p,
-    )
-    if _is_int(m.hidden_size) and _is_int(m.num_heads) and m.num_heads >= 1:
-        _check(
-            m.hidden_size % m.num_heads == 0,
-            f"model.hidden_size={m.hidden_size} must be a multiple of "
-            f"model.num_heads={m.num_heads}.",
-            p,
-        )
-    if _is_int(m.image_size) and _is_int(m.patch_size) and m.patch_size >= 1:
-        _check(
-            m.image_size % m.patch_size == 0,
-            f"model.image_size={m.image_size} must be a multiple of "
-            f"model.patch_size={m.patch_size}.",
-            p,
-        )
-    _check(m.num_channels == 3, f"model.num_channels={m.num_channels}: images are RGB, use 3.", p)
-    _check(
-        m.peft.kind in peft_lib.PEFT_KINDS,
-        f"model.peft.kind={m.peft.kind!r}: use one of {peft_lib.PEFT_KINDS}.",
-        p,
-    )
-    _positive_ints(
-        {f"model.peft.{k}": m.peft[k] for k in ("lora_rank", "adapter_dim", "prefix_length")}, p
-    )
-    bad_blocks = [b for b in m.peft.blocks if not (_is_int(b) and 0 <= b < m.depth)]
-    _check(
-        not bad_blocks,
-        f"model.peft.blocks={tuple(m.peft.blocks)}: blocks must be in [0, model.depth={m.depth}).",
-        p,
-    )
-    _check(
-        m.dtype in vit.COMPUTE_DTYPES,
-        f"model.dtype={m.dtype!r}: use one of {tuple(vit.COMPUTE_DTYPES)}.",
-        p,
-    )
-    _check(m.init in MODEL_INITS, f"model.init={m.init!r}: use one of {MODEL_INITS}.", p)
-    _check(
-        m.init != "augreg" or bool(m.checkpoint),
-        "model.init=augreg needs model.checkpoint=<path to the .npz you downloaded>.",
-        p,
-    )
-    if m.init == "augreg" and m.checkpoint and os.path.isfile(os.path.expanduser(m.checkpoint)):
-        _check(  # a saved HTML page or a truncated download: say so before any data work
-            zipfile.is_zipfile(os.path.expanduser(m.checkpoint)),
-            f"model.checkpoint={m.checkpoint} is not a readable .npz file (not a zip archive): "
-            "pass the augreg/ViT .npz file; a truncated download also looks like this.",
-            p,
-        )
-
-
-def _validate_pretrain(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
-    t = cfg.pretrain
-    _check(
-        t.dataset in datasets.SOURCES,
-        f"pretrain.dataset={t.dataset!r} is unknown; use one of {', '.join(datasets.SOURCES)}.",
-        p,
-    )
-    _positive_ints({"pretrain.epochs": t.epochs, "pretrain.batch_size": t.batch_size}, p)
-    _check(t.learning_rate > 0, f"pretrain.learning_rate={t.learning_rate} must be > 0.", p)
-    _seeds({"pretrain.seed": t.seed}, p)
-
-
-def _validate_training(cfg: ml_collections.ConfigDict, num_devices: int, p: list[str]) -> None:
-    o = cfg.optim
-    try:
-        losses.get_loss(cfg.loss.name, **loss_kwargs(cfg))
-    except ValueError as err:
-        p.append(f"loss: {err}")
-    _check(0.0 <= cfg.loss.alpha <= 1.0, f"loss.alpha={cfg.loss.alpha} must be in [0, 1].", p)
-    _check(cfg.loss.gamma >= 0, f"loss.gamma={cfg.loss.gamma} must be >= 0.", p)
-    _check(
-        0.0 <= cfg.loss.smoothing < 1.0,
-        f"loss.smoothing={cfg.loss.smoothing} must be in [0, 1).",
-        p,
-    )
-    _check(cfg.schedule.tau > 0, f"schedule.tau={cfg.schedule.tau} must be > 0.", p)
-    try:
-        if cfg.schedule.tau > 0:  # else named above
-            schedules.get_schedule(cfg.schedule.name, 1, **schedule_kwargs(cfg))
-    except (ValueError, TypeError) as err:
-        p.append(f"schedule: {err}")
-    _check(o.learning_rate > 0, f"optim.learning_rate={o.learning_rate} must be > 0.", p)
-    for name in ("b1", "b2"):
-        _check(0.0 <= o[name] < 1.0, f"optim.{name}={o[name]} must be in [0, 1).", p)
-    _check(o.eps > 0, f"optim.eps={o.eps} must be > 0.", p)
-    _check(
-        o.lr_schedule in LR_SCHEDULES,
-        f"optim.lr_schedule={o.lr_schedule!r} is unknown; use one of {', '.join(LR_SCHEDULES)}.",
-        p,
-    )
-    _check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm} must be >= 0 (0: no clipping).", p)
-    _positive_ints({"optim.epochs": o.epochs, "optim.steps_per_call": o.steps_per_call}, p)
-    _check(
-        0 <= o.peft_freeze_epochs <= o.epochs,
-        f"optim.peft_freeze_epochs={o.peft_freeze_epochs} must be in [0, optim.epochs].",
-        p,
-    )
-    for name, batch in (
-        ("optim.batch_size", o.batch_size),
-        ("eval.batch_size", cfg.eval.batch_size),
-    ):
-        _check(
-            _is_int(batch) and batch > 0 and batch % num_devices == 0,
-            f"{name}={batch} must be a positive multiple of the {num_devices} device(s).",
-            p,
-        )
-
-
 def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     """Raises ValueError listing every impossible value, each with what to change."""
     p: list[str] = []
-    _check(
+    config_checks.check(
         cfg.get("trainer", "continual") == "continual",
         f"trainer={cfg.get('trainer')!r}: this config schema is the continual trainer's.",
         p,
     )
-    _validate_data(cfg, p)
-    _validate_model(cfg, p)
-    _validate_pretrain(cfg, p)
-    _validate_training(cfg, num_devices, p)
-    _check(
+    config_checks.data_problems(cfg, p)
+    config_checks.model_problems(cfg, p)
+    config_checks.pretrain_problems(cfg, p)
+    config_checks.training_problems(cfg, num_devices, p)
+    config_checks.check(
         cfg.method.name in methods.REGISTRY,
         f"method.name={cfg.method.name!r}: use one of {tuple(methods.REGISTRY)}.",
         p,
     )
     for method in methods.REGISTRY.values():  # every method's fields, whichever runs
         p.extend(method.check(cfg))
-    _positive_ints({"log_every_steps": cfg.log_every_steps}, p)
-    _check(
-        _is_int(cfg.checkpoint_every_steps) and cfg.checkpoint_every_steps >= 0,
+    config_checks.positive_ints({"log_every_steps": cfg.log_every_steps}, p)
+    config_checks.check(
+        config_checks.is_int(cfg.checkpoint_every_steps) and cfg.checkpoint_every_steps >= 0,
         f"checkpoint_every_steps={cfg.checkpoint_every_steps} must be >= 0 (0: per task).",
         p,
     )
-    _check(
+    config_checks.check(
         cfg.max_steps_per_task is None or cfg.max_steps_per_task >= 1,
         f"max_steps_per_task={cfg.max_steps_per_task} must be unset or >= 1.",
         p,

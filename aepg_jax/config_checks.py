@@ -1,0 +1,207 @@
+"""The checks behind `config_lib.validate`: each appends one line per impossible value, naming
+the field and what to change, to the list `p` it is given."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import ml_collections
+
+from aepg_jax import config_lib, losses, schedules
+from aepg_jax.data import datasets
+from aepg_jax.models import peft as peft_lib
+from aepg_jax.models import vit
+
+MODEL_INITS = ("random", "augreg", "pretrained")
+NORMALIZE = ("minus_one_one", "none")
+LR_SCHEDULES = ("constant", "cosine_epochs")
+
+
+def check(condition: bool, message: str, problems: list[str]) -> None:
+    if not condition:
+        problems.append(message)
+
+
+def is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def positive_ints(fields: dict[str, object], p: list[str]) -> None:
+    for name, value in fields.items():
+        check(is_int(value) and value >= 1, f"{name}={value!r} must be an integer >= 1.", p)
+
+
+def seeds(fields: dict[str, object], p: list[str]) -> None:
+    for name, value in fields.items():
+        check(
+            value is None or (is_int(value) and value >= 0),
+            f"{name}={value!r} must be an integer >= 0.",
+            p,
+        )
+
+
+def data_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
+    d = cfg.data
+    check(
+        d.source in datasets.SOURCES,
+        f"data.source={d.source!r} is unknown; use one of {', '.join(datasets.SOURCES)}.",
+        p,
+    )
+    check(
+        d.source != "folder" or bool(d.data_dir),
+        "data.source=folder needs data.data_dir=<image folder root>.",
+        p,
+    )
+    check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=<tfds name>.", p)
+    positive_ints({"num_seeds": cfg.num_seeds, "data.num_tasks": d.num_tasks}, p)
+    positive_ints({"data.store_size": d.store_size}, p)
+    seeds(
+        {
+            "seed": cfg.seed,
+            "data.split_seed": d.split_seed,
+            "data.class_order_seed": d.class_order_seed,
+            "data.noise_seed": d.noise_seed,
+        },
+        p,
+    )
+    check(0.0 <= d.label_noise < 1.0, f"data.label_noise={d.label_noise} must be in [0, 1).", p)
+    check(
+        cfg.input.normalize in NORMALIZE,
+        f"input.normalize={cfg.input.normalize!r}: use one of {NORMALIZE}.",
+        p,
+    )
+    check(
+        d.store_size >= cfg.model.image_size,
+        f"data.store_size={d.store_size} must be >= model.image_size={cfg.model.image_size}.",
+        p,
+    )
+    for name in ("crop_scale", "crop_ratio"):
+        lo, hi = d[name]
+        check(0 < lo <= hi, f"data.{name}={tuple(d[name])} must satisfy 0 < lo <= hi.", p)
+    check(d.crop_scale[1] <= 1.0, f"data.crop_scale={tuple(d.crop_scale)}: hi must be <= 1.", p)
+    check(0.0 <= d.flip_prob <= 1.0, f"data.flip_prob={d.flip_prob} must be in [0, 1].", p)
+
+
+def model_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
+    m = cfg.model
+    positive_ints(
+        {
+            f"model.{k}": m[k]
+            for k in (
+                "patch_size",
+                "hidden_size",
+                "depth",
+                "num_heads",
+                "mlp_dim",
+                "image_size",
+                "num_channels",
+            )
+        },
+        p,
+    )
+    if is_int(m.hidden_size) and is_int(m.num_heads) and m.num_heads >= 1:
+        check(
+            m.hidden_size % m.num_heads == 0,
+            f"model.hidden_size={m.hidden_size} must be a multiple of "
+            f"model.num_heads={m.num_heads}.",
+            p,
+        )
+    if is_int(m.image_size) and is_int(m.patch_size) and m.patch_size >= 1:
+        check(
+            m.image_size % m.patch_size == 0,
+            f"model.image_size={m.image_size} must be a multiple of "
+            f"model.patch_size={m.patch_size}.",
+            p,
+        )
+    check(m.num_channels == 3, f"model.num_channels={m.num_channels}: images are RGB, use 3.", p)
+    check(
+        m.peft.kind in peft_lib.PEFT_KINDS,
+        f"model.peft.kind={m.peft.kind!r}: use one of {peft_lib.PEFT_KINDS}.",
+        p,
+    )
+    positive_ints(
+        {f"model.peft.{k}": m.peft[k] for k in ("lora_rank", "adapter_dim", "prefix_length")}, p
+    )
+    bad_blocks = [b for b in m.peft.blocks if not (is_int(b) and 0 <= b < m.depth)]
+    check(
+        not bad_blocks,
+        f"model.peft.blocks={tuple(m.peft.blocks)}: blocks must be in [0, model.depth={m.depth}).",
+        p,
+    )
+    check(
+        m.dtype in vit.COMPUTE_DTYPES,
+        f"model.dtype={m.dtype!r}: use one of {tuple(vit.COMPUTE_DTYPES)}.",
+        p,
+    )
+    check(m.init in MODEL_INITS, f"model.init={m.init!r}: use one of {MODEL_INITS}.", p)
+    check(
+        m.init != "augreg" or bool(m.checkpoint),
+        "model.init=augreg needs model.checkpoint=<path to the .npz you downloaded>.",
+        p,
+    )
+    if m.init == "augreg" and m.checkpoint and os.path.isfile(os.path.expanduser(m.checkpoint)):
+        check(  # a saved HTML page or a truncated download: say so before any data work
+            zipfile.is_zipfile(os.path.expanduser(m.checkpoint)),
+            f"model.checkpoint={m.checkpoint} is not a readable .npz file (not a zip archive): "
+            "pass the augreg/ViT .npz file; a truncated download also looks like this.",
+            p,
+        )
+
+
+def pretrain_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
+    t = cfg.pretrain
+    check(
+        t.dataset in datasets.SOURCES,
+        f"pretrain.dataset={t.dataset!r} is unknown; use one of {', '.join(datasets.SOURCES)}.",
+        p,
+    )
+    positive_ints({"pretrain.epochs": t.epochs, "pretrain.batch_size": t.batch_size}, p)
+    check(t.learning_rate > 0, f"pretrain.learning_rate={t.learning_rate} must be > 0.", p)
+    seeds({"pretrain.seed": t.seed}, p)
+
+
+def training_problems(cfg: ml_collections.ConfigDict, num_devices: int, p: list[str]) -> None:
+    o = cfg.optim
+    try:
+        losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg))
+    except ValueError as err:
+        p.append(f"loss: {err}")
+    check(0.0 <= cfg.loss.alpha <= 1.0, f"loss.alpha={cfg.loss.alpha} must be in [0, 1].", p)
+    check(cfg.loss.gamma >= 0, f"loss.gamma={cfg.loss.gamma} must be >= 0.", p)
+    check(
+        0.0 <= cfg.loss.smoothing < 1.0,
+        f"loss.smoothing={cfg.loss.smoothing} must be in [0, 1).",
+        p,
+    )
+    check(cfg.schedule.tau > 0, f"schedule.tau={cfg.schedule.tau} must be > 0.", p)
+    try:
+        if cfg.schedule.tau > 0:  # else named above
+            schedules.get_schedule(cfg.schedule.name, 1, **config_lib.schedule_kwargs(cfg))
+    except (ValueError, TypeError) as err:
+        p.append(f"schedule: {err}")
+    check(o.learning_rate > 0, f"optim.learning_rate={o.learning_rate} must be > 0.", p)
+    for name in ("b1", "b2"):
+        check(0.0 <= o[name] < 1.0, f"optim.{name}={o[name]} must be in [0, 1).", p)
+    check(o.eps > 0, f"optim.eps={o.eps} must be > 0.", p)
+    check(
+        o.lr_schedule in LR_SCHEDULES,
+        f"optim.lr_schedule={o.lr_schedule!r} is unknown; use one of {', '.join(LR_SCHEDULES)}.",
+        p,
+    )
+    check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm} must be >= 0 (0: no clipping).", p)
+    positive_ints({"optim.epochs": o.epochs, "optim.steps_per_call": o.steps_per_call}, p)
+    check(
+        0 <= o.peft_freeze_epochs <= o.epochs,
+        f"optim.peft_freeze_epochs={o.peft_freeze_epochs} must be in [0, optim.epochs].",
+        p,
+    )
+    for name, batch in (
+        ("optim.batch_size", o.batch_size),
+        ("eval.batch_size", cfg.eval.batch_size),
+    ):
+        check(
+            is_int(batch) and batch > 0 and batch % num_devices == 0,
+            f"{name}={batch} must be a positive multiple of the {num_devices} device(s).",
+            p,
+        )
