@@ -10,7 +10,8 @@ function checks it; it is then saved as
 checkpoint; a different config on an existing run's workdir is refused. Multi-host: pass
 `--config.distributed=True` (or set JAX_COORDINATOR_ADDRESS) to call
 `jax.distributed.initialize()` first; `python -m aepg_jax.launch` starts several processes on
-one machine (`hosts.py`).
+one machine (`hosts.py`). Without an accelerator the glibc allocator keeps freed pages mapped
+(`memory.py`; `AEPG_MALLOC=default` opts out).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from aepg_jax import cli, config_lib, hosts
+from aepg_jax import cli, config_lib, hosts, memory
 from aepg_jax.checkpoints import augreg
 from aepg_jax.continual import loop
 from aepg_jax.runs import checkpointing
@@ -103,6 +104,7 @@ def main(argv: list[str]) -> None:
         logging.set_verbosity(logging.WARNING)  # orbax and XLA log a lot at INFO
     cfg = _CONFIG.value
     try:
+        memory.apply_default()  # before the backend starts (memory.py)
         hosts.initialize(cfg.distributed)
     except ValueError as err:
         cli.fail(str(err))

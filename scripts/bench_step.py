@@ -38,11 +38,11 @@ forward pass and loss under `torch.autocast("cpu", dtype=torch.bfloat16)`.
     python scripts/bench_step.py --model vit_tiny            # quick check (seconds)
     python scripts/bench_step.py --model vit_tiny --jax-only # no torch needed
 
-Memory: XLA's CPU runtime allocates its temporaries (about 2 GB for a ViT-B/16 batch-8 step)
-afresh every step; with glibc's default 4 KiB pages that costs ~0.5M page faults, ~0.6 CPU-s
-per step here. `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (transparent huge pages for malloc, set
-before Python starts, so it applies to both sides) removes most of it; the allocator
-environment is printed with the results. Other processes' CPU use while timing is measured
+Memory: XLA's CPU runtime allocates its temporaries (about 1.4 GiB for a ViT-B/16 batch-8 step)
+afresh every step; with glibc's defaults that costs ~0.4M page faults, ~1 CPU-s per step here.
+The script applies `aepg_jax.memory.apply_default()` first, as `aepg_jax.main` does (freed
+pages stay mapped; it applies to both sides); `AEPG_MALLOC=default` measures glibc's defaults.
+The allocator state is printed with the results. Other processes' CPU use while timing is measured
 and reported (a warning above 5%): on a shared 2-core machine it distorts the figures, torch's
 most (its OpenMP threads stall when a core is taken).
 
@@ -71,7 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aepg_jax import config_lib, losses, partition, schedules
+from aepg_jax import config_lib, losses, memory, partition, schedules
 from aepg_jax.continual import methods, setup
 from aepg_jax.continual import state as state_lib
 from aepg_jax.continual import train_step as ts
@@ -564,7 +564,7 @@ def _machine_lines(torch: Any, timm: Any, args: argparse.Namespace) -> list[str]
         f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, flax {flax.__version__}, "
         f"optax {optax.__version__}; devices {jax.devices()}; XLA CPU intra-op pool: all "
         f"cores (default); XLA_FLAGS={os.environ.get('XLA_FLAGS', '(unset)')}",
-        "allocator env: "
+        f"aepg_jax.memory keep_pages_mapped applied: {args.kept_pages}; allocator env: "
         + (
             ", ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k in _ALLOC_ENV)
             or "none"
@@ -642,6 +642,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> list[Result]:
     args = parse_args(argv)
+    # What `aepg_jax.main` does before JAX's backend starts (AEPG_MALLOC; both sides share it).
+    args.kept_pages = memory.apply_default()
     torch = timm = None
     if not args.jax_only:
         torch, timm = load_torch_and_timm()

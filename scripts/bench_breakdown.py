@@ -1,0 +1,469 @@
+"""Where our ViT train step loses time: a minimal JAX step, our step, and our step minus one piece.
+
+All steps run in one process, alternated round by round on their own fixed batch, after
+compiling and one warm-up step each; each figure is the median step time over all rounds, and
+every row is reported as a ratio to the **minimal** step measured in the same run.
+
+* `minimal`: a hand-written Flax ViT of the same sizes (separate q/k/v/out `nn.Dense` layers,
+  tanh-approximate GELU, LoRA of our rank on K and V of our PEFT blocks, a Dense head), float32
+  images already on the device (no augmentation), softmax CE, `optax.adam` on LoRA + head only,
+  frozen parameters a separate jit argument, trainable parameters and Adam state donated.
+  `minimal_issue` is issue 15's original: LoRA rank 8 on Q and V of every block.
+* `ours`: the real `train_step.make_train_step` as the task loop builds it (uint8 256 px batch
+  copied to the device each step, on-device RandomResizedCrop + flip + normalise, exact GELU,
+  the partitioned optimizer with its gated PEFT label, the metrics), state donated.
+* `ours -X`: the same with piece X turned off by patching it inside this script only
+  (augment: a slice + normalise instead; exact_gelu: tanh GELU; partitioned_adam: plain Adam;
+  grad_norm: 0; donate: no donation; all: augment, exact_gelu, partitioned_adam and grad_norm
+  off). `ours +X` adds what a later task has: the head-only `lax.cond` of tasks >= 1, five
+  heads, LAE's EMA (on five heads: task 4 of 5).
+  `model_only` is our `vit.build` model inside the minimal step's code.
+* `timm` (with `--timm`): `bench_step.py`'s eager PyTorch/timm step (augmentation included).
+
+Per row also the page faults and system CPU seconds per step (`getrusage`) and XLA's temporary
+buffer size: XLA:CPU allocates its temporaries afresh each execution, and with glibc's defaults
+a large block is a fresh `mmap` whose pages fault in on first touch. The script first applies
+`aepg_jax.memory.apply_default()` as `aepg_jax.main` does (glibc `mallopt`: no mmap for large
+blocks, never trim; it applies to every row, timm's included); `AEPG_MALLOC=default` measures
+glibc's defaults instead. `--rss` runs `minimal` and `ours` alone in fresh processes and reports
+their peak RSS.
+
+    python scripts/bench_breakdown.py                          # ViT-B/16, batch 8, all rows
+    python scripts/bench_breakdown.py --rows minimal,ours,timm --timm
+    python scripts/bench_breakdown.py --model vit_tiny --steps 3 --rounds 2   # seconds
+    python scripts/bench_breakdown.py --rss
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+ROWS = (
+    "minimal",
+    "minimal_issue",
+    "model_only",
+    "ours",
+    "ours -augment",
+    "ours -exact_gelu",
+    "ours -partitioned_adam",
+    "ours -grad_norm",
+    "ours -donate",
+    "ours -all",
+    "ours +head_only_cond",
+    "ours +five_heads",
+    "ours +lae_ema",
+    "timm",
+)
+
+ALL_OFF = {"augment", "exact_gelu", "partitioned_adam", "grad_norm"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="vit_b16", choices=("vit_b16", "vit_tiny"))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per row per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", default=",".join(r for r in ROWS if r != "timm"))
+    parser.add_argument("--timm", action="store_true", help="add the timm row (needs torch)")
+    parser.add_argument("--rss", action="store_true", help="peak RSS of minimal and ours")
+    args = parser.parse_args(argv)
+    args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    if args.timm and "timm" not in args.rows:
+        args.rows.append("timm")
+    unknown = [r for r in args.rows if r not in ROWS]
+    if unknown or not args.rows:
+        parser.error(f"--rows: unknown {unknown}; choose from {', '.join(ROWS)}")
+    if min(args.batch, args.steps, args.rounds) < 1:
+        parser.error("--batch, --steps and --rounds must be >= 1")
+    return args
+
+
+def rusage() -> tuple[int, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt, usage.ru_stime
+
+
+def timed(step: Callable[[], None], n: int) -> list[tuple[float, int, float]]:
+    """(wall s, page faults, system CPU s) of each of `n` consecutive steps."""
+    out = []
+    for _ in range(n):
+        faults, system = rusage()
+        start = time.perf_counter()
+        step()
+        wall = time.perf_counter() - start
+        faults2, system2 = rusage()
+        out.append((wall, faults2 - faults, system2 - system))
+    return out
+
+
+# --- the minimal step -------------------------------------------------------------------------
+
+
+def minimal_runner(model: str, batch: int, issue_lora: bool) -> tuple[Callable[[], None], float]:
+    """The minimal Flax ViT LoRA step (module docstring), compiled, on a device-resident batch."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import traverse_util
+
+    from aepg_jax import config_lib
+
+    m = config_lib.base_config(model).model
+    rank = 8 if issue_lora else m.peft.lora_rank
+    lora_blocks = tuple(range(m.depth)) if issue_lora else tuple(m.peft.blocks)
+    targets = ("q", "v") if issue_lora else ("k", "v")
+    width, heads, num_classes = m.hidden_size, m.num_heads, 20
+
+    class Block(nn.Module):
+        lora: bool
+
+        @nn.compact
+        def __call__(self, x):
+            b, n, _ = x.shape
+            y = nn.LayerNorm(epsilon=1e-6)(x)
+            proj = {t: nn.Dense(width, name=t)(y) for t in "qkv"}
+            if self.lora:
+                for t in targets:
+                    a = self.param(f"lora_{t}_a", nn.initializers.lecun_uniform(), (width, rank))
+                    w = self.param(f"lora_{t}_b", nn.initializers.zeros, (rank, width))
+                    proj[t] = proj[t] + (y @ a) @ w
+            q, k, v = (proj[t].reshape(b, n, heads, -1) for t in "qkv")
+            att = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]))
+            o = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, n, width)
+            x = x + nn.Dense(width, name="out")(o)
+            y = nn.LayerNorm(epsilon=1e-6)(x)
+            y = nn.Dense(width)(nn.gelu(nn.Dense(m.mlp_dim)(y), approximate=True))
+            return x + y
+
+    class ViT(nn.Module):
+        @nn.compact
+        def __call__(self, images):
+            p = m.patch_size
+            x = nn.Conv(width, (p, p), strides=(p, p), padding="VALID")(images)
+            x = x.reshape(x.shape[0], -1, width)
+            cls = self.param("cls", nn.initializers.zeros, (1, 1, width))
+            x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, width)), x], 1)
+            x = x + self.param("pos", nn.initializers.normal(0.02), (1, *x.shape[1:]))
+            for i in range(m.depth):
+                x = Block(i in lora_blocks, name=f"block_{i}")(x)
+            x = nn.LayerNorm(epsilon=1e-6)(x)[:, 0]
+            return nn.Dense(num_classes, name="head")(x)
+
+    net = ViT()
+    images = jnp.asarray(
+        jax.random.normal(jax.random.PRNGKey(1), (batch, m.image_size, m.image_size, 3))
+    )
+    labels = jnp.arange(batch, dtype=jnp.int32) % num_classes
+    flat = traverse_util.flatten_dict(net.init(jax.random.PRNGKey(0), images[:1])["params"])
+    is_trainable = lambda path: path[0] == "head" or path[-1].startswith("lora_")
+    pick = lambda keep: traverse_util.unflatten_dict(
+        {k: v for k, v in flat.items() if is_trainable(k) == keep}
+    )
+    trainable, frozen = pick(True), pick(False)
+    tx = optax.adam(1e-3)
+
+    def loss(t, f, x, y):
+        params = traverse_util.unflatten_dict(
+            {**traverse_util.flatten_dict(t), **traverse_util.flatten_dict(f)}
+        )
+        logits = net.apply({"params": params}, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(t, opt_state, f, x, y):
+        value, grads = jax.value_and_grad(loss)(t, f, x, y)
+        updates, opt_state = tx.update(grads, opt_state, t)
+        return optax.apply_updates(t, updates), opt_state, value
+
+    holder = [trainable, tx.init(trainable)]
+    compiled = step.lower(*holder, frozen, images, labels).compile()
+
+    def run() -> None:
+        holder[0], holder[1], value = compiled(holder[0], holder[1], frozen, images, labels)
+        jax.block_until_ready(value)
+
+    return run, temp_mib(compiled)
+
+
+def temp_mib(compiled) -> float:
+    """XLA's temporary buffer size of one execution of a compiled step, MiB."""
+    analysis = compiled.memory_analysis()
+    return analysis.temp_size_in_bytes / 2**20 if analysis is not None else float("nan")
+
+
+# --- our step, whole or with one piece changed ------------------------------------------------
+
+
+@contextlib.contextmanager
+def patched(changes: set[str]) -> Iterator[None]:
+    """Turn pieces of our step off while it is traced (restored afterwards)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from aepg_jax.continual import train_step
+    from aepg_jax.models import vit
+
+    saved = []
+
+    def swap(obj, name, value):
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    if "augment" in changes:  # a slice + normalise instead of the random resized crop
+        slice_only = lambda key, images, size, **kw: (
+            images[:, :size, :size].astype(jnp.float32) / 127.5 - 1.0
+        )
+        swap(train_step.augment, "train_augment", slice_only)
+    if "exact_gelu" in changes:
+        swap(vit.nn, "gelu", lambda x, approximate=False: jax.nn.gelu(x, approximate=True))
+    if "grad_norm" in changes:
+        swap(optax.tree, "norm", lambda tree: jnp.zeros([]))
+    try:
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+
+
+def ours_runner(
+    model: str, batch: int, off: set[str], add: set[str]
+) -> tuple[Callable[[], None], float]:
+    """Our compiled train step (as `bench_step.make_jax_runner`) with pieces off / added."""
+    import bench_step
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from aepg_jax import config_lib, losses, partition, schedules
+    from aepg_jax.continual import methods, setup
+    from aepg_jax.continual import state as state_lib
+    from aepg_jax.continual import train_step as ts
+    from aepg_jax.models import head, vit
+
+    cfg = bench_step.run_config(model, "lora", "ce", None)
+    cfg.method.name = "lae" if "lae_ema" in add else "plain"
+    key = jax.random.PRNGKey(0)
+    params = vit.init_params(cfg.model, jax.random.fold_in(key, 0))
+    peft, frozen = partition.split(params, partition.label_params(params), partition.TRAINABLE)
+    sizes = (4,) * 5 if add & {"five_heads", "lae_ema"} else (20,)
+    trainable = peft
+    for i, size in enumerate(sizes):
+        trainable = head.grow(
+            trainable, jax.random.fold_in(key, i + 1), size, cfg.model.hidden_size
+        )
+    labels = partition.label_params(trainable)
+    task = methods.TaskSpec(
+        index=len(sizes) - 1,
+        offset=sum(sizes[:-1]),
+        num_classes=sizes[-1],
+        freeze_steps=10**6 if "head_only_cond" in add else 0,
+        head_sizes=sizes,
+    )
+    optimizer = state_lib.optimizer(cfg, trainable)
+    if "partitioned_adam" in off:
+        optimizer = optax.with_extra_args_support(optax.adam(cfg.optim.learning_rate))
+    method = methods.get(cfg.method.name)(cfg)
+    method_state = method.state_like(task.index, "in_task", lambda t: trainable)
+    method_state = jax.tree.map(jnp.zeros_like, method_state)
+    schedule = schedules.get_schedule(cfg.schedule.name, 10_000, **config_lib.schedule_kwargs(cfg))
+    with patched(off):
+        step_fn = ts.make_train_step(
+            method,
+            methods.Network(cfg.model),
+            losses.get_loss("ce"),
+            False,
+            schedule,
+            optimizer,
+            labels,
+            task,
+            setup.step_config(cfg),
+        )
+        state = ts.TrainState(
+            trainable=trainable,
+            opt_state=optimizer.init(trainable),
+            method_state=method_state,
+            task_step=jnp.zeros([], jnp.int32),
+            global_step=jnp.zeros([], jnp.int32),
+            rng=key,
+            first_bad_step=jnp.asarray(-1, jnp.int32),
+        )
+        host = bench_step.make_batch(batch, cfg.data.store_size, 20, 0)
+        host["label"] = host["label"] % sizes[-1] + task.offset
+        train_peft = jnp.asarray(True) if "head_only_cond" in add else None
+        donate = () if "donate" in off else (0,)
+        compiled = (
+            jax.jit(step_fn, donate_argnums=donate)
+            .lower(state, frozen, jax.device_put(host), train_peft)
+            .compile()
+        )
+    holder = [state]
+
+    def run() -> None:
+        holder[0], metrics = compiled(holder[0], frozen, jax.device_put(host), train_peft)
+        jax.block_until_ready((holder[0], metrics))
+
+    run.compiled = compiled  # for inspection (HLO, memory analysis)
+    return run, temp_mib(compiled)
+
+
+def model_only_runner(model: str, batch: int) -> tuple[Callable[[], None], float]:
+    """Our `vit.build` ViT (LoRA, 20-class head) inside the minimal step's code."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from aepg_jax import config_lib, partition
+    from aepg_jax.models import head, vit
+
+    cfg = config_lib.base_config(model)
+    cfg.model.peft.kind = "lora"
+    params = vit.init_params(cfg.model, jax.random.PRNGKey(0))
+    peft, frozen = partition.split(params, partition.label_params(params), partition.TRAINABLE)
+    trainable = head.grow(peft, jax.random.PRNGKey(1), 20, cfg.model.hidden_size)
+    net = vit.build(cfg.model, (20,))
+    size = cfg.model.image_size
+    images = jax.random.normal(jax.random.PRNGKey(1), (batch, size, size, 3))
+    labels = jnp.arange(batch, dtype=jnp.int32) % 20
+    tx = optax.adam(1e-3)
+
+    def loss(params, x, y):
+        logits, _ = net.apply({"params": params}, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    grad_fn = partition.value_and_grad_trainable(loss)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(t, opt_state, f, x, y):
+        value, grads = grad_fn(t, f, x, y)
+        updates, opt_state = tx.update(grads, opt_state, t)
+        return optax.apply_updates(t, updates), opt_state, value
+
+    holder = [trainable, tx.init(trainable)]
+    compiled = step.lower(*holder, frozen, images, labels).compile()
+
+    def run() -> None:
+        holder[0], holder[1], value = compiled(holder[0], holder[1], frozen, images, labels)
+        jax.block_until_ready(value)
+
+    return run, temp_mib(compiled)
+
+
+def make_runner(row: str, model: str, batch: int) -> tuple[Callable[[], None], float | None]:
+    """`(step, XLA temporaries MiB or None)` of one row."""
+    if row in ("minimal", "minimal_issue"):
+        return minimal_runner(model, batch, issue_lora=row == "minimal_issue")
+    if row == "model_only":
+        return model_only_runner(model, batch)
+    if row == "timm":
+        import bench_step
+
+        torch, timm = bench_step.load_torch_and_timm()
+        torch.set_num_threads(os.cpu_count() or 1)
+        return bench_step.make_torch_runner(torch, timm, model=model, batch=batch).step, None
+    change = set(row.split()[1:2])
+    piece = {c[1:] for c in change}
+    if "-all" in change:
+        return ours_runner(model, batch, ALL_OFF, set())
+    return ours_runner(
+        model, batch, piece if row.startswith("ours -") else set(), piece if "+" in row else set()
+    )
+
+
+def print_table(batch, samples, medians, temps, build_s) -> None:
+    """One line per row: step time, images/s, ratio to `minimal`, faults, system time, temps."""
+    base = medians.get("minimal")
+    print(
+        f"\n{'row':<24} {'step s':>7} {'img/s':>6} {'/ minimal':>9} {'faults':>8} "
+        f"{'sys s':>6} {'temp MiB':>8} {'build s':>8}"
+    )
+    for row, seconds in medians.items():
+        faults = statistics.median(s[1] for s in samples[row])
+        system = statistics.median(s[2] for s in samples[row])
+        ratio = f"{seconds / base:.2f}x" if base else "-"
+        temp = f"{temps[row]:.0f}" if temps[row] is not None else "-"
+        print(
+            f"{row:<24} {seconds:7.3f} {batch / seconds:6.2f} {ratio:>9} "
+            f"{faults:8.0f} {system:6.2f} {temp:>8} {build_s[row]:8.1f}"
+        )
+    print(
+        "step s: median over rounds x steps; / minimal: step time over the minimal step's "
+        "(lower is faster); faults, sys s: page faults and system CPU seconds per step; "
+        "temp MiB: XLA's temporary buffers of one step"
+    )
+
+
+def peak_rss(args: argparse.Namespace) -> None:
+    """Peak RSS (ru_maxrss) of a fresh process that builds one row and runs it."""
+    for row in ("minimal", "ours"):
+        command = [
+            sys.executable,
+            __file__,
+            "--model",
+            args.model,
+            "--batch",
+            str(args.batch),
+            "--rows",
+            row,
+            "--steps",
+            "2",
+            "--rounds",
+            "1",
+        ]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        rss = [line for line in out.splitlines() if line.startswith("peak RSS")]
+        print(f"{row:<8} {rss[0] if rss else out}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    args = parse_args(argv)
+    if args.rss:
+        peak_rss(args)
+        return {}
+    import jax
+
+    from aepg_jax import memory
+
+    kept_pages = memory.apply_default()  # where aepg_jax.main applies it: before the backend
+
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    print(
+        f"{args.model}, batch {args.batch}, {os.cpu_count()} CPUs, jax {jax.__version__}, "
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '(unset)')}, "
+        f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}, "
+        f"aepg_jax.memory keep_pages_mapped applied: {kept_pages} "
+        f"(AEPG_MALLOC={os.environ.get('AEPG_MALLOC', '(unset: auto)')})"
+    )
+    runners, build_s, temps = {}, {}, {}
+    for row in args.rows:
+        start = time.perf_counter()
+        runners[row], temps[row] = make_runner(row, args.model, args.batch)
+        runners[row]()  # warm-up
+        build_s[row] = time.perf_counter() - start
+        print(f"built {row} ({build_s[row]:.1f} s)", flush=True)
+    samples: dict[str, list[tuple[float, int, float]]] = {row: [] for row in runners}
+    for r in range(args.rounds):
+        for row, run in runners.items():
+            samples[row] += timed(run, args.steps)
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    medians = {row: statistics.median(s[0] for s in samples[row]) for row in runners}
+    print_table(args.batch, samples, medians, temps, build_s)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {peak:.0f} MiB (whole process)")
+    return medians
+
+
+if __name__ == "__main__":
+    main()
