@@ -11,29 +11,20 @@ compare with `scripts/bench_step.py`, which times the whole step.
     python scripts/bench_vit_compute.py --dtype bfloat16
     python scripts/bench_vit_compute.py --no-page-faults         # glibc keeps freed memory
 
-`--no-page-faults` calls glibc's `mallopt` (one arena, no mmap for large blocks, no trimming)
-before JAX starts, so XLA:CPU's temporaries reuse mapped pages instead of faulting them in
-afresh every call (Linux with glibc only).
+`--no-page-faults` applies `aepg_jax.memory.keep_pages_mapped()` (glibc `mallopt`: one arena,
+no mmap for large blocks, never trim) before JAX starts, so XLA:CPU's temporaries reuse mapped
+pages instead of faulting them in afresh every call (Linux with glibc only). Without the flag
+the script keeps glibc's defaults (it does not apply `aepg_jax.main`'s `AEPG_MALLOC` policy).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import resource
 import statistics
 import time
 from collections.abc import Callable
-
-M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
-
-
-def keep_pages_mapped() -> None:
-    libc = ctypes.CDLL("libc.so.6")
-    for option, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1)):
-        if libc.mallopt(option, value) != 1:
-            raise SystemExit(f"error: mallopt({option}, {value}) failed")
 
 
 def measure(fn: Callable[[], object], steps: int) -> tuple[float, float, float]:
@@ -61,7 +52,10 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float, float]]
     parser.add_argument("--no-page-faults", action="store_true")
     args = parser.parse_args(argv)
     if args.no_page_faults:
-        keep_pages_mapped()
+        from aepg_jax import memory
+
+        if not memory.keep_pages_mapped():
+            raise SystemExit("error: --no-page-faults: glibc's mallopt is unavailable here")
 
     import jax  # after mallopt: JAX's allocations then follow it
     import jax.numpy as jnp

@@ -30,6 +30,22 @@ def test_bench_vit_compute_times_forward_and_backward(capsys, monkeypatch):
     assert "img/s" in capsys.readouterr().out
 
 
+def test_bench_breakdown_times_each_row_against_the_minimal_step(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    monkeypatch.setenv("AEPG_MALLOC", "default")  # leave this worker's allocator alone
+    import bench_breakdown
+
+    rows = ["minimal", "ours", "ours -augment", "ours +head_only_cond"]
+    medians = bench_breakdown.main(
+        ["--model", "vit_tiny", "--rows", ",".join(rows), "--steps", "1", "--rounds", "1"]
+    )
+    assert list(medians) == rows and all(seconds > 0 for seconds in medians.values())
+    table = capsys.readouterr().out
+    minimal_line = next(line for line in table.splitlines() if line.startswith("minimal "))
+    assert minimal_line.split()[3] == "1.00x"  # step s, img/s, then the ratio to itself
+    assert "temp MiB" in table and "peak RSS" in table
+
+
 @pytest.mark.slow
 def test_bench_seeds_times_both_sides_and_seeds_agree(tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(SCRIPTS))
