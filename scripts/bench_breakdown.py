@@ -4,10 +4,11 @@ All steps run in one process, alternated round by round on their own fixed batch
 compiling and one warm-up step each; each figure is the median step time over all rounds, and
 every row is reported as a ratio to the **minimal** step measured in the same run.
 
-* `minimal`: a hand-written Flax ViT of the same sizes (separate q/k/v/out `nn.Dense` layers,
-  tanh-approximate GELU, LoRA of our rank on K and V of our PEFT blocks, a Dense head), float32
-  images already on the device (no augmentation), softmax CE, `optax.adam` on LoRA + head only,
-  frozen parameters a separate jit argument, trainable parameters and Adam state donated.
+* `minimal` (`minimal_step.py`): a hand-written Flax ViT of the same sizes (separate q/k/v/out
+  `nn.Dense` layers, tanh-approximate GELU, LoRA of our rank on K and V of our PEFT blocks, a
+  Dense head), float32 images already on the device (no augmentation), softmax CE, `optax.adam`
+  on LoRA + head only, frozen parameters a separate jit argument, trainable parameters and Adam
+  state donated.
   `minimal_issue` is issue 15's original: LoRA rank 8 on Q and V of every block.
 * `ours`: the real `train_step.make_train_step` as the task loop builds it (uint8 256 px batch
   copied to the device each step, on-device RandomResizedCrop + flip + normalise, exact GELU,
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import os
 import resource
 import shlex
@@ -47,6 +47,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+
+import minimal_step
 
 ROWS = (
     "minimal",
@@ -105,102 +107,6 @@ def timed(step: Callable[[], None], n: int) -> list[tuple[float, int, float]]:
         faults2, system2 = rusage()
         out.append((wall, faults2 - faults, system2 - system))
     return out
-
-
-# --- the minimal step -------------------------------------------------------------------------
-
-
-def minimal_runner(model: str, batch: int, issue_lora: bool) -> tuple[Callable[[], None], float]:
-    """The minimal Flax ViT LoRA step (module docstring), compiled, on a device-resident batch."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-    import optax
-    from flax import traverse_util
-
-    from aepg_jax import config_lib
-
-    m = config_lib.base_config(model).model
-    rank = 8 if issue_lora else m.peft.lora_rank
-    lora_blocks = tuple(range(m.depth)) if issue_lora else tuple(m.peft.blocks)
-    targets = ("q", "v") if issue_lora else ("k", "v")
-    width, heads, num_classes = m.hidden_size, m.num_heads, 20
-
-    class Block(nn.Module):
-        lora: bool
-
-        @nn.compact
-        def __call__(self, x):
-            b, n, _ = x.shape
-            y = nn.LayerNorm(epsilon=1e-6)(x)
-            proj = {t: nn.Dense(width, name=t)(y) for t in "qkv"}
-            if self.lora:
-                for t in targets:
-                    a = self.param(f"lora_{t}_a", nn.initializers.lecun_uniform(), (width, rank))
-                    w = self.param(f"lora_{t}_b", nn.initializers.zeros, (rank, width))
-                    proj[t] = proj[t] + (y @ a) @ w
-            q, k, v = (proj[t].reshape(b, n, heads, -1) for t in "qkv")
-            att = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]))
-            o = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, n, width)
-            x = x + nn.Dense(width, name="out")(o)
-            y = nn.LayerNorm(epsilon=1e-6)(x)
-            y = nn.Dense(width)(nn.gelu(nn.Dense(m.mlp_dim)(y), approximate=True))
-            return x + y
-
-    class ViT(nn.Module):
-        @nn.compact
-        def __call__(self, images):
-            p = m.patch_size
-            x = nn.Conv(width, (p, p), strides=(p, p), padding="VALID")(images)
-            x = x.reshape(x.shape[0], -1, width)
-            cls = self.param("cls", nn.initializers.zeros, (1, 1, width))
-            x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, width)), x], 1)
-            x = x + self.param("pos", nn.initializers.normal(0.02), (1, *x.shape[1:]))
-            for i in range(m.depth):
-                x = Block(i in lora_blocks, name=f"block_{i}")(x)
-            x = nn.LayerNorm(epsilon=1e-6)(x)[:, 0]
-            return nn.Dense(num_classes, name="head")(x)
-
-    net = ViT()
-    images = jnp.asarray(
-        jax.random.normal(jax.random.PRNGKey(1), (batch, m.image_size, m.image_size, 3))
-    )
-    labels = jnp.arange(batch, dtype=jnp.int32) % num_classes
-    flat = traverse_util.flatten_dict(net.init(jax.random.PRNGKey(0), images[:1])["params"])
-    is_trainable = lambda path: path[0] == "head" or path[-1].startswith("lora_")
-    pick = lambda keep: traverse_util.unflatten_dict(
-        {k: v for k, v in flat.items() if is_trainable(k) == keep}
-    )
-    trainable, frozen = pick(True), pick(False)
-    tx = optax.adam(1e-3)
-
-    def loss(t, f, x, y):
-        params = traverse_util.unflatten_dict(
-            {**traverse_util.flatten_dict(t), **traverse_util.flatten_dict(f)}
-        )
-        logits = net.apply({"params": params}, x)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def step(t, opt_state, f, x, y):
-        value, grads = jax.value_and_grad(loss)(t, f, x, y)
-        updates, opt_state = tx.update(grads, opt_state, t)
-        return optax.apply_updates(t, updates), opt_state, value
-
-    holder = [trainable, tx.init(trainable)]
-    compiled = step.lower(*holder, frozen, images, labels).compile()
-
-    def run() -> None:
-        holder[0], holder[1], value = compiled(holder[0], holder[1], frozen, images, labels)
-        jax.block_until_ready(value)
-
-    return run, temp_mib(compiled)
-
-
-def temp_mib(compiled) -> float:
-    """XLA's temporary buffer size of one execution of a compiled step, MiB."""
-    analysis = compiled.memory_analysis()
-    return analysis.temp_size_in_bytes / 2**20 if analysis is not None else float("nan")
 
 
 # --- our step, whole or with one piece changed ------------------------------------------------
@@ -316,7 +222,7 @@ def ours_runner(
         jax.block_until_ready((holder[0], metrics))
 
     run.compiled = compiled  # for inspection (HLO, memory analysis)
-    return run, temp_mib(compiled)
+    return run, minimal_step.temp_mib(compiled)
 
 
 def model_only_runner(model: str, batch: int) -> tuple[Callable[[], None], float]:
@@ -337,34 +243,19 @@ def model_only_runner(model: str, batch: int) -> tuple[Callable[[], None], float
     size = cfg.model.image_size
     images = jax.random.normal(jax.random.PRNGKey(1), (batch, size, size, 3))
     labels = jnp.arange(batch, dtype=jnp.int32) % 20
-    tx = optax.adam(1e-3)
 
     def loss(params, x, y):
         logits, _ = net.apply({"params": params}, x)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
     grad_fn = partition.value_and_grad_trainable(loss)
-
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def step(t, opt_state, f, x, y):
-        value, grads = grad_fn(t, f, x, y)
-        updates, opt_state = tx.update(grads, opt_state, t)
-        return optax.apply_updates(t, updates), opt_state, value
-
-    holder = [trainable, tx.init(trainable)]
-    compiled = step.lower(*holder, frozen, images, labels).compile()
-
-    def run() -> None:
-        holder[0], holder[1], value = compiled(holder[0], holder[1], frozen, images, labels)
-        jax.block_until_ready(value)
-
-    return run, temp_mib(compiled)
+    return minimal_step.adam_step_runner(grad_fn, trainable, frozen, images, labels)
 
 
 def make_runner(row: str, model: str, batch: int) -> tuple[Callable[[], None], float | None]:
     """`(step, XLA temporaries MiB or None)` of one row."""
     if row in ("minimal", "minimal_issue"):
-        return minimal_runner(model, batch, issue_lora=row == "minimal_issue")
+        return minimal_step.minimal_runner(model, batch, issue_lora=row == "minimal_issue")
     if row == "model_only":
         return model_only_runner(model, batch)
     if row == "timm":

@@ -1,0 +1,117 @@
+"""The minimal JAX ViT LoRA train step that `bench_breakdown.py` measures ours against.
+
+A hand-written Flax ViT of a preset's sizes (separate q/k/v/out `nn.Dense` layers,
+tanh-approximate GELU, LoRA on two of q/k/v of chosen blocks, a Dense head), float32 images
+already on the device, softmax CE, `optax.adam` on LoRA + head only, frozen parameters a
+separate jit argument, trainable parameters and Adam state donated: the step of issue 15.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+
+def minimal_runner(model: str, batch: int, issue_lora: bool) -> tuple[Callable[[], None], float]:
+    """The minimal Flax ViT LoRA step (module docstring), compiled, on a device-resident batch."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import traverse_util
+
+    from aepg_jax import config_lib
+
+    m = config_lib.base_config(model).model
+    rank = 8 if issue_lora else m.peft.lora_rank
+    lora_blocks = tuple(range(m.depth)) if issue_lora else tuple(m.peft.blocks)
+    targets = ("q", "v") if issue_lora else ("k", "v")
+    width, heads, num_classes = m.hidden_size, m.num_heads, 20
+
+    class Block(nn.Module):
+        lora: bool
+
+        @nn.compact
+        def __call__(self, x):
+            b, n, _ = x.shape
+            y = nn.LayerNorm(epsilon=1e-6)(x)
+            proj = {t: nn.Dense(width, name=t)(y) for t in "qkv"}
+            if self.lora:
+                for t in targets:
+                    a = self.param(f"lora_{t}_a", nn.initializers.lecun_uniform(), (width, rank))
+                    w = self.param(f"lora_{t}_b", nn.initializers.zeros, (rank, width))
+                    proj[t] = proj[t] + (y @ a) @ w
+            q, k, v = (proj[t].reshape(b, n, heads, -1) for t in "qkv")
+            att = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]))
+            o = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, n, width)
+            x = x + nn.Dense(width, name="out")(o)
+            y = nn.LayerNorm(epsilon=1e-6)(x)
+            y = nn.Dense(width)(nn.gelu(nn.Dense(m.mlp_dim)(y), approximate=True))
+            return x + y
+
+    class ViT(nn.Module):
+        @nn.compact
+        def __call__(self, images):
+            p = m.patch_size
+            x = nn.Conv(width, (p, p), strides=(p, p), padding="VALID")(images)
+            x = x.reshape(x.shape[0], -1, width)
+            cls = self.param("cls", nn.initializers.zeros, (1, 1, width))
+            x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, width)), x], 1)
+            x = x + self.param("pos", nn.initializers.normal(0.02), (1, *x.shape[1:]))
+            for i in range(m.depth):
+                x = Block(i in lora_blocks, name=f"block_{i}")(x)
+            x = nn.LayerNorm(epsilon=1e-6)(x)[:, 0]
+            return nn.Dense(num_classes, name="head")(x)
+
+    net = ViT()
+    images = jnp.asarray(
+        jax.random.normal(jax.random.PRNGKey(1), (batch, m.image_size, m.image_size, 3))
+    )
+    labels = jnp.arange(batch, dtype=jnp.int32) % num_classes
+    flat = traverse_util.flatten_dict(net.init(jax.random.PRNGKey(0), images[:1])["params"])
+    is_trainable = lambda path: path[0] == "head" or path[-1].startswith("lora_")
+    pick = lambda keep: traverse_util.unflatten_dict(
+        {k: v for k, v in flat.items() if is_trainable(k) == keep}
+    )
+    trainable, frozen = pick(True), pick(False)
+
+    def loss(t, f, x, y):
+        params = traverse_util.unflatten_dict(
+            {**traverse_util.flatten_dict(t), **traverse_util.flatten_dict(f)}
+        )
+        logits = net.apply({"params": params}, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    return adam_step_runner(jax.value_and_grad(loss), trainable, frozen, images, labels)
+
+
+def adam_step_runner(
+    grad_fn, trainable, frozen, images, labels
+) -> tuple[Callable[[], None], float]:
+    """The minimal step's harness: `grad_fn(trainable, frozen, x, y) -> (loss, grads)`, Adam
+    1e-3 on the trainable leaves, trainable and Adam state donated; compiled."""
+    import jax
+    import optax
+
+    tx = optax.adam(1e-3)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(t, opt_state, f, x, y):
+        value, grads = grad_fn(t, f, x, y)
+        updates, opt_state = tx.update(grads, opt_state, t)
+        return optax.apply_updates(t, updates), opt_state, value
+
+    holder = [trainable, tx.init(trainable)]
+    compiled = step.lower(*holder, frozen, images, labels).compile()
+
+    def run() -> None:
+        holder[0], holder[1], value = compiled(holder[0], holder[1], frozen, images, labels)
+        jax.block_until_ready(value)
+
+    return run, temp_mib(compiled)
+
+
+def temp_mib(compiled) -> float:
+    """XLA's temporary buffer size of one execution of a compiled step, MiB."""
+    analysis = compiled.memory_analysis()
+    return analysis.temp_size_in_bytes / 2**20 if analysis is not None else float("nan")
