@@ -1,13 +1,14 @@
 """glibc allocator settings that stop XLA:CPU from faulting its temporaries in every step.
 
-XLA's CPU runtime allocates each execution's temporaries (about 1.4 GiB for a ViT-B/16 batch-8
+XLA's CPU runtime allocates each execution's temporaries (1.8 GiB for a ViT-B/16 LoRA batch-8
 train step) with `malloc` and frees them afterwards. glibc serves blocks above its mmap
 threshold (at most 32 MiB) with a fresh `mmap` and returns them with `munmap`, so every step
 faults the same memory in again, 4 KiB at a time: ~0.4M minor faults and ~1 s of system CPU
 per step on the project's 2-core machine (`scripts/bench_breakdown.py`). `keep_pages_mapped()`
 sets, through `mallopt`: one arena, no mmap for large blocks, never trim; freed temporaries
-stay mapped and the next step reuses them. The cost: the process keeps its peak heap (RSS does
-not shrink after a step, which a training process reaches again at its next step anyway).
+stay mapped and the next step reuses them. The cost: the process keeps its peak heap, and
+what compilation used stays mapped (ViT-B/16 batch-8 step, `bench_breakdown.py --rss`: peak
+RSS 3.2 -> 6.7 GiB; `AEPG_MALLOC=default` below opts out).
 
 It must run before JAX's backend starts (its thread pool's threads would otherwise keep arenas
 of their own, which the settings do not reach). `aepg_jax.main` calls `apply_default()` first:
