@@ -86,18 +86,7 @@ def data_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
 def model_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
     m = cfg.model
     positive_ints(
-        {
-            f"model.{k}": m[k]
-            for k in (
-                "patch_size",
-                "hidden_size",
-                "depth",
-                "num_heads",
-                "mlp_dim",
-                "image_size",
-                "num_channels",
-            )
-        },
+        {f"model.{k}": m[k] for k in vit.ARCH_FIELDS},
         p,
     )
     if is_int(m.hidden_size) and is_int(m.num_heads) and m.num_heads >= 1:

@@ -29,21 +29,11 @@ from aepg_jax import hosts, losses, partition
 from aepg_jax.data import augment, cache, datasets, loader
 from aepg_jax.models import vit
 
-_MODEL_FIELDS = (
-    "patch_size",
-    "hidden_size",
-    "depth",
-    "num_heads",
-    "mlp_dim",
-    "image_size",
-    "num_channels",
-)
-
 
 def backbone_path(cfg: ml_collections.ConfigDict) -> str:
     """Where the pretrained backbone for `cfg` lives (a hash of what determines it)."""
     key = {
-        "model": {k: cfg.model[k] for k in _MODEL_FIELDS},
+        "model": {k: cfg.model[k] for k in vit.ARCH_FIELDS},
         "pretrain": {k: v for k, v in cfg.pretrain.items() if k != "cache_dir"},
         "normalize": cfg.input.normalize,
     }

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from PIL import Image
+from tiny import apply_overrides
 
 from aepg_jax import config_lib, main
 from aepg_jax.scratch import config as scratch_config
@@ -40,13 +41,7 @@ def tiny_config(cache_dir, **overrides):
     c.log_every_steps = 2
     c.eval.batch_size = 128
     c.checkpoint_every_epochs = 1
-    for key, value in overrides.items():
-        target = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            target = target[p]
-        target[leaf] = value
-    return c
+    return apply_overrides(c, overrides)
 
 
 def _records(path, kind):

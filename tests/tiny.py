@@ -34,6 +34,11 @@ def tiny_config(cache_dir, **overrides):
     c.max_steps_per_task = 8
     c.log_every_steps = 2
     c.eval.batch_size = 64
+    return apply_overrides(c, overrides)
+
+
+def apply_overrides(c, overrides: dict):
+    """Sets each `"a.b.c": value` of `overrides` on the config `c`; returns `c`."""
     for key, value in overrides.items():
         target = c
         *parents, leaf = key.split(".")

@@ -54,6 +54,9 @@ PRESETS: dict[str, dict[str, int]] = {
     ),
 }
 
+# The architecture fields of a model config (a preset's fields and the input channels).
+ARCH_FIELDS: tuple[str, ...] = (*PRESETS["vit_b16"], "num_channels")
+
 
 def model_config(preset: str = "vit_b16", **overrides: Any) -> ml_collections.ConfigDict:
     """The model config of a preset, with top-level fields (or `peft={...}`) overridden.
