@@ -27,7 +27,7 @@ from PIL import Image
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from aepg_jax.prepare import archives  # noqa: E402
+from aepg_jax.prepare import archives
 
 # name -> (archive, examples per class, side range in px, JPEG quality): the mean member size
 # lands near the real archive's (ImageNet-R 2.0 GiB / 30,000; Food-101 4.7 GiB / 101,000).
