@@ -10,7 +10,7 @@ pinned, so a TFDS upgrade that changes them fails here rather than at a user's 5
 
 import hashlib
 import importlib
-import importlib.abc
+import importlib.util
 import inspect
 import os
 import re
@@ -27,19 +27,27 @@ from aepg_jax.prepare import __main__ as prepare_main
 from aepg_jax.prepare import shuffler
 
 
-class _NoTensorflow(importlib.abc.MetaPathFinder):
-    """Any import of tensorflow fails, as where it is not installed (even if it is here)."""
+class _Hiding:
+    """Wraps a meta path finder so it finds no tensorflow: `import tensorflow` fails and
+    `importlib.util.find_spec("tensorflow")` is None, as where it is not installed."""
+
+    def __init__(self, finder):
+        self.finder = finder
 
     def find_spec(self, name, path=None, target=None):
         if name == "tensorflow" or name.startswith("tensorflow."):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
+            return None
+        return self.finder.find_spec(name, path, target)
+
+    def __getattr__(self, attr):
+        return getattr(self.finder, attr)
 
 
 @pytest.fixture
 def no_tensorflow(monkeypatch):
     assert "tensorflow" not in sys.modules
-    monkeypatch.setattr(sys, "meta_path", [_NoTensorflow(), *sys.meta_path])
+    monkeypatch.setattr(sys, "meta_path", [_Hiding(f) for f in sys.meta_path])
+    assert importlib.util.find_spec("tensorflow") is None
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("tensorflow")
 
