@@ -9,7 +9,8 @@ writes `OUT/imagenet-r.tar` (30,000 JPEGs, 150 in each of 200 `imagenet-r/<wnid>
 noise JPEGs whose sizes vary around the real archives' mean (noise does not compress, so the
 gzip of Food-101 is as large as the real one); the wnids are 200 of TFDS's 1000 ImageNet
 label names and the Food-101 classes TFDS's. Each archive is streamed to `<name>.tmp` and
-renamed when complete; `--scale` shrinks the example counts (0.01: a small archive for tests).
+renamed when complete; `--scale` shrinks the example counts per class (to no fewer than 4) and
+`make(..., classes=N)` keeps the first N classes (tiny archives for the tests).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def make(name: str, out: str, scale: float = 1.0, seed: int = 0) -> str:
+def make(name: str, out: str, scale: float = 1.0, seed: int = 0, classes: int | None = None) -> str:
     """Writes the archive of `name` into `out`; returns its path (kept if already there)."""
     filename, per_class, sides, quality = LAYOUTS[name]
     path = os.path.join(out, filename)
@@ -71,7 +72,7 @@ def make(name: str, out: str, scale: float = 1.0, seed: int = 0) -> str:
         print(f"{path} exists; kept")
         return path
     per_class = max(4, round(per_class * scale))
-    labels = _labels(name)
+    labels = _labels(name)[:classes]
     rng = np.random.default_rng(seed)
     tmp = f"{path}.tmp"
     mode = "w:gz" if filename.endswith(".gz") else "w"

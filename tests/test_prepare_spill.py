@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import types
+from pathlib import Path
 
 import fake_archives
 import numpy as np
@@ -25,6 +26,10 @@ from tensorflow_datasets.core import hashing, shuffle, writer
 
 from aepg_jax.prepare import __main__ as prepare_main
 from aepg_jax.prepare import shuffler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import bench_prepare
+import make_synthetic_archives
 
 
 class _Hiding:
@@ -211,3 +216,17 @@ def test_interrupted_while_spilling_leaves_nothing(tmp_path, monkeypatch, no_ten
     data = tmp_path / "data"
     assert _prepare(tmp_path, archive, data) == 130
     assert [e for e in os.listdir(data) if not e.endswith(".lock")] == []
+
+
+@pytest.mark.parametrize(
+    ("name", "records"), [("imagenet_r", {"test": 12}), ("food101", {"train": 6, "validation": 2})]
+)
+def test_rehearsal_scripts_on_tiny_synthetic_archives(tmp_path, name, records):
+    """make_synthetic_archives' layouts are what prepare reads; bench_prepare measures it
+    in a child where TensorFlow cannot be imported."""
+    archive = make_synthetic_archives.make(
+        name, str(tmp_path / "a"), scale=0.001, classes=3 if name == "imagenet_r" else 2
+    )
+    result = bench_prepare.run_prepare(name, archive, str(tmp_path / "data"))
+    assert result["exit"] == 0 and result["records"] == records
+    assert 0 < result["peak_rss_gib"] < 2 and 0 < result["prepared_gib"] <= result["peak_disk_gib"]
