@@ -67,6 +67,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def make(name: str, out: str, scale: float = 1.0, seed: int = 0, classes: int | None = None) -> str:
     """Writes the archive of `name` into `out`; returns its path (kept if already there)."""
     filename, per_class, sides, quality = LAYOUTS[name]
+    os.makedirs(out, exist_ok=True)
     path = os.path.join(out, filename)
     if os.path.exists(path):
         print(f"{path} exists; kept")
@@ -114,7 +115,6 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--scale", type=float, default=1.0)
     args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
     for name in args.names:
         make(name, args.out, args.scale)
 
