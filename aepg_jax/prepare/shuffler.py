@@ -62,7 +62,8 @@ class SpillingShuffler:
         self._total_bytes = 0
         self._num_examples = 0
         self._read_only = False
-        self.desc = f"writing the {hash_salt!s} split"
+        split = hash_salt.decode() if isinstance(hash_salt, bytes) else hash_salt
+        self.desc = f"writing the {split} split"  # TFDS salts with the split name
 
     @property
     def size(self) -> int:
