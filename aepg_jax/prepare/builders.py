@@ -64,7 +64,7 @@ class _FromArchives:
     def _stream(self, filename: str, want, what: str) -> Iterator[tuple[str, bytes]]:
         path = self.archive_paths[filename]
         yield from archives.iter_members(path, want, f"{self.name}: {what}")
-        if what.endswith(" split"):  # TFDS now shuffles and writes it (no bar of its own)
+        if what.endswith(" split"):  # now the shuffle writes its shards (shuffler.py: its own bar)
             print(f"{self.name}: {what} read from {filename}; writing its shards", file=sys.stderr)
 
     def _read(self, filename: str, names: set[str]) -> dict[str, bytes]:

@@ -5,7 +5,9 @@
 1. Each archive in `sources` is matched to an official one (`archives.official_archives`, or
    a `--checksums` file) and its size and sha256 are checked before any other work.
 2. `builders.BUILDERS[name]` writes the dataset with TFDS's writer into
-   `<data_dir>/.<name>.preparing/` (removed first if a killed run left it).
+   `<data_dir>/.<name>.preparing/` (removed first if a killed run left it), its shuffle done
+   by `shuffler.SpillingShuffler` (TFDS's order; bounded memory, spills to local files; TFDS's
+   own spills through TensorFlow above 1 GB).
 3. Extras (ImageNet-R's split file) are written into the staged version directory, then that
    directory is renamed to `<data_dir>/<name>/<version>/`, where `tfds.data_source` reads it.
 
@@ -29,7 +31,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import example_serializer
 
 from aepg_jax.data import tfds_sources
-from aepg_jax.prepare import archives, builders
+from aepg_jax.prepare import archives, builders, shuffler
 
 SPLIT_FILE = "l2p_split.json"
 
@@ -100,7 +102,11 @@ def prepare(
     absl_level = logging.getLogger("absl").level
     logging.getLogger("absl").setLevel(logging.WARNING)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), _deterministic_records():
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            _deterministic_records(),
+            shuffler.installed(),
+        ):
             builder.download_and_prepare(download_dir=os.path.join(staging, "downloads"))
         staged = os.fspath(builder.data_path)
         if name == "imagenet_r":

@@ -1,0 +1,124 @@
+"""Wall time, peak RSS and disk of `python -m aepg_jax.prepare` on real-size archives.
+
+    python scripts/bench_prepare.py --archives=/work/rehearsal/archives --data_dir=D [NAME ...]
+
+For each NAME (default: every dataset whose archive is in --archives, e.g. from
+make_synthetic_archives.py) runs the preparation in a child process in which TensorFlow cannot
+be imported (as in the project's venv) and prints one JSON line: wall seconds, the child's peak
+RSS (`wait4`), the peak disk of `D` during the run (sampled every second: staging, shuffle runs
+and shards together), the prepared dataset's size and record count; then a Markdown table row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+ARCHIVES = {"imagenet_r": "imagenet-r.tar", "food101": "food-101.tar.gz"}
+# Run in the child: tensorflow is not importable, then `python -m aepg_jax.prepare ARGS`.
+CHILD = """
+import runpy, sys
+class Hiding:  # a meta path finder that finds no tensorflow: as where it is not installed
+    def __init__(self, finder):
+        self.finder = finder
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            return None
+        return self.finder.find_spec(name, path, target)
+    def __getattr__(self, attr):
+        return getattr(self.finder, attr)
+sys.meta_path[:] = [Hiding(f) for f in sys.meta_path]
+sys.argv = ["aepg_jax.prepare", *sys.argv[1:]]
+runpy.run_module("aepg_jax.prepare", run_name="__main__")
+"""
+
+
+def du(path: str) -> int:
+    """Bytes of the files under `path` (0 if absent; files vanishing meanwhile are skipped)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def run_prepare(name: str, archive: str, data_dir: str, *, force: bool = True) -> dict:
+    """Prepares `name` from `archive` (its `<archive>.checksums.tsv` beside it) into
+    `data_dir` in a TensorFlow-free child; returns the measurements."""
+    args = [name, f"--source={archive}", f"--data_dir={data_dir}"]
+    if os.path.exists(f"{archive}.checksums.tsv"):
+        args.append(f"--checksums={archive}.checksums.tsv")
+    if force:
+        args.append("--force")
+    os.makedirs(data_dir, exist_ok=True)
+    peak_disk, done = [du(data_dir)], threading.Event()
+    base = peak_disk[0]
+
+    def sample() -> None:
+        while not done.wait(1.0):
+            peak_disk[0] = max(peak_disk[0], du(data_dir))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    start = time.time()
+    child = subprocess.Popen([sys.executable, "-c", CHILD, *args])
+    sampler.start()
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.time() - start
+    done.set()
+    sampler.join()
+    child.returncode = os.waitstatus_to_exitcode(status)
+    prepared = os.path.join(data_dir, name)
+    return {
+        "dataset": name,
+        "archive_gib": os.path.getsize(archive) / 2**30,
+        "exit": child.returncode,
+        "wall_s": wall,
+        "peak_rss_gib": usage.ru_maxrss * 1024 / 2**30,
+        "peak_disk_gib": (max(peak_disk[0], du(data_dir)) - base) / 2**30,
+        "prepared_gib": du(prepared) / 2**30,
+        "records": _count(prepared) if child.returncode == 0 else None,
+    }
+
+
+def _count(prepared: str) -> dict[str, int]:
+    (version,) = [v for v in os.listdir(prepared) if not v.startswith(".")]
+    with open(os.path.join(prepared, version, "dataset_info.json")) as f:
+        info = json.load(f)
+    return {s["name"]: sum(int(n) for n in s["shardLengths"]) for s in info["splits"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help=f"of {sorted(ARCHIVES)} (default: all found)")
+    parser.add_argument("--archives", required=True)
+    parser.add_argument("--data_dir", required=True)
+    args = parser.parse_args()
+    names = args.names or [n for n, a in ARCHIVES.items() if os.path.exists(f"{args.archives}/{a}")]
+    unknown = sorted(set(names) - set(ARCHIVES))
+    if unknown:
+        sys.exit(f"error: unknown dataset(s) {unknown}: choose from {sorted(ARCHIVES)}")
+    rows = []
+    for name in names:
+        result = run_prepare(name, os.path.join(args.archives, ARCHIVES[name]), args.data_dir)
+        print(json.dumps(result), flush=True)
+        rows.append(result)
+    print("| dataset | archive | records | wall | peak RSS | peak disk (data_dir) | prepared |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['dataset']} | {r['archive_gib']:.2f} GiB | {r['records']} | "
+            f"{r['wall_s'] / 60:.1f} min | {r['peak_rss_gib']:.2f} GiB | "
+            f"{r['peak_disk_gib']:.2f} GiB | {r['prepared_gib']:.2f} GiB |"
+        )
+
+
+if __name__ == "__main__":
+    main()
