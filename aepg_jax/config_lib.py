@@ -85,6 +85,9 @@ Fields (defaults in brackets):
                                only, as InfLoRA-b5's code); InfLoRA ignores model.peft too
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
+  tensorboard [True]           also write metrics.jsonl's numbers and the config as TensorBoard
+                               event files in the workdir (`tensorboard --logdir=WORKDIR`, or a
+                               sweep's DIR for all its runs by name); False: metrics.jsonl only
   max_steps_per_task [None]    cap on steps per task (smoke tests)
   distributed [False]          call jax.distributed.initialize() (multi-host)
 """
@@ -160,6 +163,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
     c.eval = dict(batch_size=256)
     c.log_every_steps = 50
     c.checkpoint_every_steps = 0
+    c.tensorboard = True
     c.max_steps_per_task = config_dict.placeholder(int)
     c.distributed = False
     return c
@@ -208,6 +212,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     for method in methods.REGISTRY.values():  # every method's fields, whichever runs
         p.extend(method.check(cfg))
     config_checks.positive_ints({"log_every_steps": cfg.log_every_steps}, p)
+    config_checks.check(
+        isinstance(cfg.get("tensorboard", True), bool),
+        f"tensorboard={cfg.get('tensorboard')!r}: use True or False.",
+        p,
+    )
     config_checks.check(
         config_checks.is_int(cfg.checkpoint_every_steps) and cfg.checkpoint_every_steps >= 0,
         f"checkpoint_every_steps={cfg.checkpoint_every_steps} must be >= 0 (0: per task).",

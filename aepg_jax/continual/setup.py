@@ -17,7 +17,7 @@ import jax
 import ml_collections
 
 from aepg_jax import config_lib, losses, partition, pretrain
-from aepg_jax.checkpoints import augreg
+from aepg_jax.checkpoints import augreg, weights
 from aepg_jax.continual import methods
 from aepg_jax.continual import train_step as ts
 from aepg_jax.data import cache, datasets, loader, splits
@@ -94,7 +94,7 @@ def initial_params(cfg: ml_collections.ConfigDict, key: jax.Array, mesh) -> Para
     params = vit.init_params(cfg.model, jax.random.fold_in(key, 0))
     if cfg.model.init == "augreg":
         try:
-            params = augreg.load_backbone(cfg.model.checkpoint, params)
+            params = weights.load_backbone(weights.local_path(cfg.model.checkpoint), params)
         except augreg.CheckpointError as err:  # name the field the user set
             raise augreg.CheckpointError(f"model.checkpoint: {err}") from err
     elif cfg.model.init == "pretrained":
@@ -106,7 +106,8 @@ def backbone_source(cfg: ml_collections.ConfigDict) -> dict | None:
     """The file the backbone was loaded from, for results.json: `path`, `shipped` and, for a
     pretrained one, `sha256` (`pretrain.file_fingerprint`); None for a random backbone."""
     if cfg.model.init == "augreg":
-        return {"path": cfg.model.checkpoint, "shipped": False}
+        info = weights.identify(cfg.model.checkpoint, weights.local_path(cfg.model.checkpoint))
+        return {**info, "shipped": False}
     if cfg.model.init != "pretrained":
         return None
     shipped = pretrain.shipped_backbone(cfg)
@@ -197,6 +198,9 @@ def assemble(
 ) -> Run:
     """The `Run` of `cfg` from its data and parameters (`build`; `aepg_jax.plan` passes shapes)."""
     axis, keys, frozen_axis = seed_axis(cfg)
+    source = backbone_source(cfg)
+    if cfg.model.init == "augreg" and jax.process_index() == 0:
+        print(weights.describe(source), flush=True)  # which weights: paper's or augreg2
     return Run(
         cfg=cfg,
         workdir=workdir,
@@ -215,7 +219,7 @@ def assemble(
         loss_fn=losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
         annealed=losses.is_annealed(cfg.loss.name),
         fixed_alpha=losses.fixed_alpha(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
-        backbone_source=backbone_source(cfg),
+        backbone_source=source,
     )
 
 
