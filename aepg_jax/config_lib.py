@@ -213,11 +213,6 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         p.extend(method.check(cfg))
     config_checks.positive_ints({"log_every_steps": cfg.log_every_steps}, p)
     config_checks.check(
-        isinstance(cfg.get("tensorboard", True), bool),
-        f"tensorboard={cfg.get('tensorboard')!r}: use True or False.",
-        p,
-    )
-    config_checks.check(
         config_checks.is_int(cfg.checkpoint_every_steps) and cfg.checkpoint_every_steps >= 0,
         f"checkpoint_every_steps={cfg.checkpoint_every_steps} must be >= 0 (0: per task).",
         p,
