@@ -70,4 +70,3 @@ def test_tensorboard_false_writes_metrics_jsonl_only(tmp_path):
     _, workdir = _default_run(tmp_path, tensorboard=False)
     assert records.read_metrics(workdir)
     assert not [f for f in os.listdir(workdir) if f.startswith("events.out.tfevents")]
-

@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_input_files import _one_problem, _tiny_augreg_config
+from tiny import tiny_config
 
 from aepg_jax import config_lib
 from aepg_jax.checkpoints import augreg, hub, timm, weights
 from aepg_jax.checkpoints import inspect as inspect_cli
-from aepg_jax.continual import setup
+from aepg_jax.continual import loop
 from aepg_jax.models import vit
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -143,12 +144,17 @@ def no_sockets(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def test_an_hf_hub_id_resolves_from_the_local_cache_offline(tmp_path, monkeypatch, no_sockets):
+def _hub_cache(tmp_path, monkeypatch) -> Path:
     pytest.importorskip("huggingface_hub")
     import huggingface_hub.constants
 
     cache = tmp_path / "hub"
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", os.fspath(cache))
+    return cache
+
+
+def test_an_hf_hub_id_resolves_from_the_local_cache_offline(tmp_path, monkeypatch, no_sockets):
+    cache = _hub_cache(tmp_path, monkeypatch)
     repo_id = "timm/vit_tiny_fixture.augreg_in21k_ft_in1k"
     expected = _fake_cache(cache, repo_id)
     checkpoint = f"hf-hub:{repo_id}"
@@ -158,8 +164,6 @@ def test_an_hf_hub_id_resolves_from_the_local_cache_offline(tmp_path, monkeypatc
     assert info["sha256"] == weights.file_sha256(os.fspath(SAFETENSORS))
     assert info["paper_weights"] is True
     assert "the paper's weights" in weights.describe(info)
-    cfg = _tiny_augreg_config(checkpoint)
-    assert setup.backbone_source(cfg)["sha256"] == info["sha256"]
 
     other = "hf-hub:timm/vit_tiny_fixture.augreg2_in21k_ft_in1k"
     _fake_cache(cache, other.removeprefix("hf-hub:"))
@@ -195,3 +199,21 @@ def test_inspect_reads_a_safetensors_file(capsys):
     assert "format:      timm safetensors" in out
     assert "loads:       yes" in out
     assert "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel" in out
+
+
+def test_a_run_from_an_hf_hub_id_says_which_weights_and_records_the_sha256(
+    tmp_path, monkeypatch, capsys
+):
+    repo_id = "timm/vit_tiny_fixture.augreg2_in21k_ft_in1k"
+    _fake_cache(_hub_cache(tmp_path, monkeypatch), repo_id)
+    cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 2, "max_steps_per_task": 2})
+    fixture = _tiny_augreg_config(SAFETENSORS)
+    cfg.model.update(fixture.model.to_dict())
+    cfg.model.checkpoint = f"hf-hub:{repo_id}"
+    cfg.data.store_size = fixture.data.store_size
+    loop.run(cfg, os.fspath(tmp_path / "run"))
+    assert "augreg2_in21k_ft_in1k, NOT the paper's weights" in capsys.readouterr().out
+    with open(tmp_path / "run" / "results.json") as f:
+        source = json.load(f)["backbone_source"]
+    assert source["sha256"] == weights.file_sha256(os.fspath(SAFETENSORS))
+    assert source["format"] == "timm safetensors" and source["paper_weights"] is False

@@ -104,10 +104,10 @@ def initial_params(cfg: ml_collections.ConfigDict, key: jax.Array, mesh) -> Para
 
 def backbone_source(cfg: ml_collections.ConfigDict) -> dict | None:
     """The file the backbone was loaded from, for results.json: `path`, `shipped` and, for a
-    pretrained one, `sha256` (`pretrain.file_fingerprint`); None for a random backbone."""
+    pretrained one, `sha256` (`pretrain.file_fingerprint`); None for a random backbone. (For
+    `model.init=augreg`, `build` adds the file's format, sha256 and weights tag.)"""
     if cfg.model.init == "augreg":
-        info = weights.identify(cfg.model.checkpoint, weights.local_path(cfg.model.checkpoint))
-        return {**info, "shipped": False}
+        return {"path": cfg.model.checkpoint, "shipped": False}
     if cfg.model.init != "pretrained":
         return None
     shipped = pretrain.shipped_backbone(cfg)
@@ -198,9 +198,6 @@ def assemble(
 ) -> Run:
     """The `Run` of `cfg` from its data and parameters (`build`; `aepg_jax.plan` passes shapes)."""
     axis, keys, frozen_axis = seed_axis(cfg)
-    source = backbone_source(cfg)
-    if cfg.model.init == "augreg" and jax.process_index() == 0:
-        print(weights.describe(source), flush=True)  # which weights: paper's or augreg2
     return Run(
         cfg=cfg,
         workdir=workdir,
@@ -219,7 +216,7 @@ def assemble(
         loss_fn=losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
         annealed=losses.is_annealed(cfg.loss.name),
         fixed_alpha=losses.fixed_alpha(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
-        backbone_source=source,
+        backbone_source=backbone_source(cfg),
     )
 
 
@@ -239,7 +236,7 @@ def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     frozen_tree = jax.device_put(seeds.stack(frozen) if frozen_axis == 0 else frozen[0], replicated)
     del frozen
-    return assemble(
+    run = assemble(
         cfg,
         workdir,
         mesh,
@@ -248,3 +245,10 @@ def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
         frozen_tree,
         checkpointing.backbone_fingerprint(frozen_tree),
     )
+    if cfg.model.init != "augreg":
+        return run
+    # The loaded file: format, sha256 and which weights (the paper's or timm's augreg2).
+    info = weights.identify(cfg.model.checkpoint, weights.local_path(cfg.model.checkpoint))
+    if run.is_main:
+        print(weights.describe(info), flush=True)
+    return dataclasses.replace(run, backbone_source={**info, "shipped": False})
