@@ -70,3 +70,21 @@ def test_tensorboard_false_writes_metrics_jsonl_only(tmp_path):
     _, workdir = _default_run(tmp_path, tensorboard=False)
     assert records.read_metrics(workdir)
     assert not [f for f in os.listdir(workdir) if f.startswith("events.out.tfevents")]
+
+
+def test_runs_under_one_root_show_by_their_names(tmp_path):
+    """A sweep's runs are DIR/<run name>/ workdirs: `tensorboard --logdir=DIR` lists each."""
+    from tensorboard.backend.event_processing import plugin_event_multiplexer
+    from tensorboard.util import tensor_util
+
+    names = ("imr10,method=lae,seed=0", "imr10,method=plain,seed=0")
+    for i, name in enumerate(names):
+        with records.MetricsWriter(tmp_path / name, tensorboard=True) as writer:
+            writer.write("train", task=0, step=1, loss=float(i))
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    assert sorted(multiplexer.Runs()) == sorted(names)
+    for i, name in enumerate(names):
+        events = multiplexer.Tensors(name, "train/loss")
+        assert [float(tensor_util.make_ndarray(e.tensor_proto)) for e in events] == [float(i)]
