@@ -27,6 +27,7 @@ config validation sees exactly the names and shapes loading would.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import struct
@@ -132,8 +133,6 @@ def _open_error(path: str, err: Exception) -> augreg.CheckpointError:
 
 def _check_size(path: str) -> None:
     """A file shorter than its header's data offsets (a truncated download) is refused."""
-    import json
-
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -146,7 +145,13 @@ def _check_size(path: str) -> None:
             header = json.loads(f.read(n))
         except ValueError as err:
             raise _open_error(path, err) from err
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    try:
+        end = max(
+            (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+            default=0,
+        )
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError) as err:
+        raise _open_error(path, ValueError(f"malformed header ({err!r})")) from err
     if 8 + n + end > size:
         raise _open_error(path, ValueError(f"tensors end at byte {8 + n + end}, file has {size}"))
 
