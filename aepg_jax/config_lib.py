@@ -85,6 +85,9 @@ Fields (defaults in brackets):
                                only, as InfLoRA-b5's code); InfLoRA ignores model.peft too
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
+  tensorboard [True]           also write metrics.jsonl's numbers and the config as TensorBoard
+                               event files in the workdir (`tensorboard --logdir=WORKDIR`, or a
+                               sweep's DIR for all its runs by name); False: metrics.jsonl only
   max_steps_per_task [None]    cap on steps per task (smoke tests)
   distributed [False]          call jax.distributed.initialize() (multi-host)
 """
@@ -160,6 +163,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
     c.eval = dict(batch_size=256)
     c.log_every_steps = 50
     c.checkpoint_every_steps = 0
+    c.tensorboard = True
     c.max_steps_per_task = config_dict.placeholder(int)
     c.distributed = False
     return c

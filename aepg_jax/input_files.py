@@ -7,7 +7,9 @@ download) or one whose backbone keys and shapes are not those of the augreg ViT 
 `model.*` (the paper's B/16 for the paper configs) is refused in one line that names the
 paper's file and its public download URL. Key names follow `checkpoints/augreg.py` (container
 prefix stripped, pre-Linen block numbering renamed, `head` and `pre_logits` ignored); the
-position embedding's token count may differ (it is resized on load).
+position embedding's token count may differ (it is resized on load). A timm `.safetensors`
+file (or an `hf-hub:` id, resolved from the local cache) is checked the same way from its
+header, after `checkpoints/timm.py`'s renaming and qkv split; a truncated one is refused.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import zipfile
 import ml_collections
 import numpy as np
 
-from aepg_jax.checkpoints import augreg
+from aepg_jax.checkpoints import augreg, hub, timm, weights
 from aepg_jax.models import vit
 
 AUGREG_FILE = (
@@ -89,24 +91,45 @@ def _positive_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 1
 
 
-def checkpoint_problem(path: str | None, m: ml_collections.ConfigDict) -> str | None:
-    """One line on why `path` cannot be the backbone of the model `m`, or None."""
-    if not path:
-        return f"model.init=augreg needs model.checkpoint=<path of the .npz>: {_GET}."
-    expanded = os.path.expanduser(path)
-    if not os.path.isfile(expanded):
-        return f"model.checkpoint={path} does not exist: {_GET}; pass its local path."
+def _found_shapes(
+    path: str, expanded: str, m: ml_collections.ConfigDict
+) -> tuple[dict[str, tuple] | None, str | None]:
+    """`(Linen name -> shape, None)` of the file, or `(None, one-line problem)`."""
+    if timm.is_safetensors(expanded):
+        try:
+            return timm.linen_shapes(timm.safetensor_shapes(expanded), m.num_heads), None
+        except augreg.CheckpointError as err:
+            return None, f"model.checkpoint={path}: {err}"
     if not zipfile.is_zipfile(expanded):
-        return (
+        return None, (
             f"model.checkpoint={path} is not a readable .npz file (not a zip archive; a "
             f"truncated download or a saved web page looks like this): {_GET}."
         )
+    try:
+        return augreg.to_linen_names(npz_shapes(expanded)), None
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        return None, f"model.checkpoint={path} cannot be read ({err}): {_GET}."
+
+
+def checkpoint_problem(path: str | None, m: ml_collections.ConfigDict) -> str | None:
+    """One line on why `path` (a file or an `hf-hub:` id) cannot be the backbone of the model
+    `m`, or None."""
+    if not path:
+        return (
+            "model.init=augreg needs model.checkpoint=<path of the .npz or timm .safetensors, "
+            f"or hf-hub:{hub.PAPER_ID}>: {_GET}."
+        )
+    try:
+        expanded = weights.local_path(path)
+    except augreg.CheckpointError as err:
+        return f"model.checkpoint: {err}"
+    if not os.path.isfile(expanded):
+        return f"model.checkpoint={path} does not exist: {_GET}; pass its local path."
     if not all(_positive_int(m[k]) for k in vit.ARCH_FIELDS):
         return None  # the model's own fields are wrong: config_checks names them
-    try:
-        found = augreg.to_linen_names(npz_shapes(expanded))
-    except (zipfile.BadZipFile, OSError, ValueError) as err:
-        return f"model.checkpoint={path} cannot be read ({err}): {_GET}."
+    found, problem = _found_shapes(path, expanded, m)
+    if problem:
+        return problem
     wanted = backbone_shapes(m)
     missing = sorted(wanted.keys() - found.keys())
     wrong = [
@@ -118,16 +141,22 @@ def checkpoint_problem(path: str | None, m: ml_collections.ConfigDict) -> str | 
             or any(s is not None and s != f for s, f in zip(shape, found[k], strict=True))
         )
     ]
-    extra = sorted(k for k in found.keys() - wanted.keys() if k.startswith("Transformer/"))
+    # Unconverted timm names (`fc_norm.weight`, `blocks.0.ls1.gamma`) have dots, no slash.
+    extra = sorted(
+        k
+        for k in found.keys() - wanted.keys()
+        if k.startswith("Transformer/") or ("/" not in k and "." in k)
+    )
     if not (missing or wrong or extra):
         return None
+    kind = "a timm" if timm.is_safetensors(expanded) else "an augreg"
     detail = "; ".join(
         f"{title} {', '.join(items[:3])}{' ...' if len(items) > 3 else ''}"
         for title, items in (("missing", missing), ("shapes", wrong), ("unexpected", extra))
         if items
     )
     return (
-        f"model.checkpoint={path} is not an augreg ViT checkpoint of the configured model "
+        f"model.checkpoint={path} is not {kind} ViT checkpoint of the configured model "
         f"(model.hidden_size={m.hidden_size}, depth={m.depth}, patch_size={m.patch_size}): "
         f"{detail}. {_GET} (`python -m aepg_jax.checkpoints.inspect FILE` shows what a file "
         "holds)."

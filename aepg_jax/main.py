@@ -122,6 +122,8 @@ def check_or_save_config(cfg, workdir: str) -> None:
         with open(path) as f:
             saved = json.load(f)
         saved.setdefault("trainer", "continual")  # saved before configs had the field
+        if "tensorboard" in current:
+            saved.setdefault("tensorboard", True)  # likewise
         a, b = _flatten(saved), _flatten(current)
         diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
         if not diff:

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # Creates ./.venv (if missing) and installs aepg_jax into it in editable mode.
-# Usage: bash scripts/install.sh [EXTRAS]   e.g. `test` for pytest and ruff.
+# Usage: bash scripts/install.sh [EXTRAS]   e.g. `test` for pytest and ruff, `hub` for hf-hub: ids.
+#
+# `aot` (the planner's libtpu and CUDA 13 plugin) goes into ./.venv-aot instead, a venv of its own:
+# its plugins load into every jax process, so training's .venv must never have them;
+# `python -m aepg_jax.plan` re-executes itself there for TPU/GPU targets (plan/aot_env.py).
 #
 # Versions: those CI tests, from constraints.txt (`pip install -c`). AEPG_UNPINNED=1 installs
 # (and upgrades to) the latest versions pyproject.toml allows instead.
 # A call whose pyproject.toml, constraints.txt, Python and mode match the last install, and
-# whose extras were installed then, does nothing (stamp: .venv/.aepg_install); AEPG_REINSTALL=1
+# whose extras were installed then, does nothing (stamp: <venv>/.aepg_install); AEPG_REINSTALL=1
 # installs anyway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 extras=${1:-}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+venv=.venv
+if [[ ",$extras," == *",aot,"* ]]; then
+  venv=.venv-aot
+fi
+if [ ! -x "$venv/bin/python" ]; then
+  "$PY" -m venv "$venv"
 fi
 
 mode=pinned
@@ -21,9 +29,9 @@ if [ -n "${AEPG_UNPINNED:-}" ]; then
   mode=unpinned
   pin=(--upgrade --upgrade-strategy eager)
 fi
-key=$({ cat pyproject.toml constraints.txt; .venv/bin/python -VV; echo "$mode"; } | sha256sum)
+key=$({ cat pyproject.toml constraints.txt; "$venv/bin/python" -VV; echo "$mode"; } | sha256sum)
 key=${key%% *}
-stamp=.venv/.aepg_install
+stamp=$venv/.aepg_install
 
 # The extras installed under this key so far (comma-separated), or nothing.
 installed=""
@@ -38,12 +46,12 @@ if [ -n "$installed" ]; then
   for e in ${extras//,/ }; do
     [[ "$installed" == *",$e,"* ]] || missing=1
   done
-  if [ -z "$missing" ] && .venv/bin/python -c "import aepg_jax" 2>/dev/null; then
+  if [ -z "$missing" ] && "$venv/bin/python" -c "import aepg_jax" 2>/dev/null; then
     exit 0  # installed as asked already
   fi
 fi
 
-.venv/bin/python -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet --upgrade pip
 spec="."
 if [ -n "$extras" ]; then
   spec=".[$extras]"
@@ -51,6 +59,6 @@ fi
 # setuptools' note on every editable install of a flat layout ("be careful with folders named
 # like your package"): informational, nothing to act on.
 PYTHONWARNINGS="ignore:Editable installation" \
-  .venv/bin/python -m pip install --quiet "${pin[@]}" -e "$spec"
+  "$venv/bin/python" -m pip install --quiet "${pin[@]}" -e "$spec"
 all=$(echo "${installed//,/ } ${extras//,/ }" | tr ' ' '\n' | awk NF | sort -u | paste -sd, -)
 echo "$key ${all}" > "$stamp"

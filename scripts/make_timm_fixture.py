@@ -1,4 +1,5 @@
-"""Generate tests/fixtures/timm_tiny_vit{,_io}.npz: a tiny timm ViT in the augreg .npz layout.
+"""Generate tests/fixtures/timm_tiny_vit{,_io}.npz and timm_tiny_vit.safetensors: a tiny timm ViT
+in the augreg .npz layout and in timm's own safetensors layout, from the same weights.
 
 Builds a tiny, randomly initialised ``timm`` ``VisionTransformer`` in PyTorch (patch 8, 32x32
 RGB input, width 32, depth 2, 2 heads, MLP 128, 10 classes, class-token pooling), overwrites
@@ -9,6 +10,11 @@ every parameter with non-trivial random values, and writes two ``.npz`` files.
 * the weights under the plain key names of the published Google augreg / original ViT ``.npz``
   checkpoints (``embedding/kernel``, ``Transformer/encoderblock_{i}/...``, ``head/kernel``, ...;
   no ``params/`` prefix), float32.
+
+``timm_tiny_vit.safetensors`` holds the same weights as timm itself writes them for the Hugging
+Face hub (``safetensors.torch.save_file(model.state_dict())``, the call of timm's
+``save_for_hf``: torch layout, fused ``blocks.N.attn.qkv``), checked by loading it back with
+``timm.models.load_checkpoint``.
 
 ``timm_tiny_vit_io.npz`` holds the test inputs and timm's outputs:
 
@@ -275,10 +281,29 @@ def verify_round_trip(path: Path, reference: torch.nn.Module, images_nchw: np.nd
     return diff
 
 
+def save_safetensors(model: torch.nn.Module, path: Path) -> None:
+    """`model`'s weights as timm writes them for the hub, checked by timm's own loader."""
+    import safetensors.torch
+    import torch
+    from timm.models import load_checkpoint
+
+    # timm's save_for_hf writes the weights with exactly this call (its config.json needs a
+    # pretrained_cfg, which a bare VisionTransformer lacks, and is not read here).
+    safetensors.torch.save_file(model.state_dict(), str(path), metadata={"format": "pt"})
+    fresh = build_model(seed=1)
+    load_checkpoint(fresh, str(path))
+    for name, tensor in fresh.state_dict().items():
+        if not torch.equal(tensor, model.state_dict()[name]):
+            raise RuntimeError(f"timm's load_checkpoint of {path} changed {name!r}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("tests/fixtures/timm_tiny_vit.npz"))
     parser.add_argument("--io-out", type=Path, default=Path("tests/fixtures/timm_tiny_vit_io.npz"))
+    parser.add_argument(
+        "--safetensors-out", type=Path, default=Path("tests/fixtures/timm_tiny_vit.safetensors")
+    )
     args = parser.parse_args(argv)
 
     torch, timm, stubbed = _import_torch_and_timm()
@@ -295,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
         with path.open("wb") as f:  # file handle: np.savez must not touch the name
             np.savez(f, **arrays)
 
+    save_safetensors(model, args.safetensors_out)
+    print(f"wrote {args.safetensors_out} ({args.safetensors_out.stat().st_size} bytes)")
     diff = verify_round_trip(args.out, model, images)
     print(f"round trip via timm _load_weights: max |logits diff| = {diff:.3e}")
     for path in files:

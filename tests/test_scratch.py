@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from PIL import Image
+from test_tensorboard import _events
 from tiny import apply_overrides
 
 from aepg_jax import config_lib, main
@@ -69,6 +70,12 @@ def test_runs_end_to_end_and_writes_its_reports(tmp_path):
     assert [r["lr"] for r in train] == pytest.approx([0.05] * 4 + [0.005] * 2)  # milestone 2
     assert [r["epoch"] for r in epochs] == [0, 1, 2] and [r["step"] for r in epochs] == [3, 6, 9]
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["3", "6", "9"]
+    # The TensorBoard event file holds the same train losses (float32).
+    events = _events(str(tmp_path / "run"))
+    assert [e.step for e in events.Scalars("train/loss")] == [r["step"] for r in train]
+    assert [e.value for e in events.Scalars("train/loss")] == pytest.approx(
+        [r["loss"] for r in train], rel=1e-6
+    )
     # Lose the last checkpoint and the results (a crash in epoch 3): the re-run resumes from
     # epoch 2's checkpoint (BN statistics, momentum, step, RNG) and ends bit-identically.
     shutil.rmtree(tmp_path / "run" / "checkpoints" / "9")

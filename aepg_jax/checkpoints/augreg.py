@@ -128,7 +128,17 @@ def load_backbone(
 
     Raises `CheckpointError` listing missing keys, extra keys and shape mismatches.
     """
-    loaded = to_linen_names(read_npz(path))
+    return fit_backbone(to_linen_names(read_npz(path)), params, os.fspath(path), rules)
+
+
+def fit_backbone(
+    loaded: dict[str, np.ndarray],
+    params: dict[str, Any],
+    path: str,
+    rules: partition.Rules = partition.DEFAULT_RULES,
+) -> dict[str, Any]:
+    """`params` with every `backbone` leaf replaced by `loaded`'s (Linen names; read from
+    `path`, named in errors); the position embedding resized to the model's grid."""
     labels = traverse_util.flatten_dict(partition.label_params(params, rules), sep="/")
     flat = traverse_util.flatten_dict(params, sep="/")
     wanted = {k for k, label in labels.items() if label == partition.BACKBONE}
@@ -156,7 +166,7 @@ def load_backbone(
             for title, items in problems
         )
         raise CheckpointError(
-            f"Checkpoint {os.fspath(path)!r} does not fit the model ({detail}). Check that the "
+            f"Checkpoint {path!r} does not fit the model ({detail}). Check that the "
             "model config (patch_size, hidden_size, depth, num_heads, mlp_dim) matches the file; "
             "`python -m aepg_jax.checkpoints.inspect FILE` shows what the file holds."
         )
@@ -167,7 +177,11 @@ def load_backbone(
 
 def infer_model_fields(path: str | os.PathLike) -> dict[str, int]:
     """Architecture of a checkpoint from its shapes: patch, width, depth, heads, MLP, image."""
-    flat = to_linen_names(read_npz(path))
+    return fields_of(to_linen_names(read_npz(path)))
+
+
+def fields_of(flat: dict[str, np.ndarray]) -> dict[str, int]:
+    """`infer_model_fields` of arrays under Linen names."""
     try:
         kernel = flat["embedding/kernel"]
         query = flat["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]

@@ -26,7 +26,13 @@ class Bookkeeping:
             if run.axis.vmapped
             else [run.workdir]
         )
-        self.writers = [MetricsWriter(d, enabled=run.is_main) for d in self.seed_dirs]
+        self.writers = [
+            MetricsWriter(d, enabled=run.is_main, tensorboard=run.cfg.get("tensorboard", True))
+            for d in self.seed_dirs
+        ]
+        for writer in self.writers:
+            if writer.events is not None:
+                writer.events.text("config", run.cfg)
         self.trackers = [
             metrics.AccuracyTracker(run.num_tasks, run.method.predictors) for _ in seeds
         ]
@@ -78,6 +84,8 @@ class Bookkeeping:
                         tracker.correct[primary], tracker.total[primary], task
                     ),
                     "entropy": result["entropy"],
+                    # Mean forgetting of tasks < task (NaN -> null after the first task).
+                    "forgetting": 100.0 * metrics.mean_forgetting(a[: task + 1, : task + 1]),
                 }
             )
         if not self.run.is_main:

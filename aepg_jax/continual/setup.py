@@ -17,7 +17,7 @@ import jax
 import ml_collections
 
 from aepg_jax import config_lib, losses, partition, pretrain
-from aepg_jax.checkpoints import augreg
+from aepg_jax.checkpoints import augreg, weights
 from aepg_jax.continual import methods
 from aepg_jax.continual import train_step as ts
 from aepg_jax.data import cache, datasets, loader, splits
@@ -94,7 +94,7 @@ def initial_params(cfg: ml_collections.ConfigDict, key: jax.Array, mesh) -> Para
     params = vit.init_params(cfg.model, jax.random.fold_in(key, 0))
     if cfg.model.init == "augreg":
         try:
-            params = augreg.load_backbone(cfg.model.checkpoint, params)
+            params = weights.load_backbone(weights.local_path(cfg.model.checkpoint), params)
         except augreg.CheckpointError as err:  # name the field the user set
             raise augreg.CheckpointError(f"model.checkpoint: {err}") from err
     elif cfg.model.init == "pretrained":
@@ -104,7 +104,8 @@ def initial_params(cfg: ml_collections.ConfigDict, key: jax.Array, mesh) -> Para
 
 def backbone_source(cfg: ml_collections.ConfigDict) -> dict | None:
     """The file the backbone was loaded from, for results.json: `path`, `shipped` and, for a
-    pretrained one, `sha256` (`pretrain.file_fingerprint`); None for a random backbone."""
+    pretrained one, `sha256` (`pretrain.file_fingerprint`); None for a random backbone. (For
+    `model.init=augreg`, `build` adds the file's format, sha256 and weights tag.)"""
     if cfg.model.init == "augreg":
         return {"path": cfg.model.checkpoint, "shipped": False}
     if cfg.model.init != "pretrained":
@@ -235,7 +236,7 @@ def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     frozen_tree = jax.device_put(seeds.stack(frozen) if frozen_axis == 0 else frozen[0], replicated)
     del frozen
-    return assemble(
+    run = assemble(
         cfg,
         workdir,
         mesh,
@@ -244,3 +245,10 @@ def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
         frozen_tree,
         checkpointing.backbone_fingerprint(frozen_tree),
     )
+    if cfg.model.init != "augreg":
+        return run
+    # The loaded file: format, sha256 and which weights (the paper's or timm's augreg2).
+    info = weights.identify(cfg.model.checkpoint, weights.local_path(cfg.model.checkpoint))
+    if run.is_main:
+        print(weights.describe(info), flush=True)
+    return dataclasses.replace(run, backbone_source={**info, "shipped": False})

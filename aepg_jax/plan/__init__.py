@@ -10,5 +10,6 @@ with its real shapes, shardings, donation and seed vmapping, from the config alo
 per program the memory per device against the chip's HBM, FLOPs and bytes per image, the
 collectives and the compile time (`analysis.py`), then the whole run's projected time
 (`project.py`). A program that does not fit ends the command with exit code 2 and one `error:`
-line. Needs the optional `aot` extra (`pip install -e ".[aot]"`).
+line. TPU and GPU targets need the optional `aot` extra, kept in a venv of its own
+(`bash scripts/install.sh aot` -> `.venv-aot`; `aot_env.py` re-executes the planner there).
 """

@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
+from aepg_jax.plan import aot_env  # the standard library only: safe before jax
+
+# TPU/GPU targets need the aot extra: here, or in .venv-aot (re-executed there).
+aot_env.ensure(sys.argv)
+
 # Compile-only targets: no local accelerator may be claimed, and no autotuner exists for GPU
 # Triton GEMMs without a GPU (these flags must be set before jax starts its backends).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -13,11 +18,11 @@ if "--xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
         os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false"
     ).strip()
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import app, flags, logging  # noqa: E402 (after aot_env.ensure)
+from ml_collections import config_flags  # noqa: E402 (after aot_env.ensure)
 
-from aepg_jax import cli
-from aepg_jax.plan import report
+from aepg_jax import cli  # noqa: E402 (after aot_env.ensure)
+from aepg_jax.plan import report  # noqa: E402 (after aot_env.ensure)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, configs/<name>.py[:args], as for aepg_jax.main.", lock_config=True

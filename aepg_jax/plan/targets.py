@@ -209,7 +209,7 @@ def _tpu_devices(gen: str, topology: str) -> tuple[tuple, int]:
     except Exception as err:  # libtpu missing or a topology it refuses
         raise TargetError(
             f"TPU {gen}:{topology} is not available for compiling ({_first_line(err)}); install "
-            "the aot extra (pip install -e '.[aot]') and use a valid topology."
+            "the aot extra (bash scripts/install.sh aot) and use a valid topology."
         ) from err
     devices = tuple(topo.devices)
     return devices, len({d.process_index for d in devices})
@@ -231,7 +231,7 @@ def _gpu_devices(chip: str, per_host: int, hosts: int) -> tuple:
             "set JAX_PLATFORMS=cpu before jax starts (the CUDA plugin offers compile-only GPUs "
             "only then)"
             if "not implemented for cuda" in str(err)
-            else "install the aot extra (pip install -e '.[aot]': jax-cuda13-plugin without "
+            else "install the aot extra (bash scripts/install.sh aot: jax-cuda13-plugin without "
             "CUDA wheels, and ptxas)"
         )
         raise TargetError(

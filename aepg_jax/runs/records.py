@@ -68,13 +68,20 @@ class MetricsWriter:
     """Appends one JSON object per line to `<workdir>/metrics.jsonl`, flushed after each line.
 
     An existing file is continued (a resumed run); a partial last line left by a killed run is
-    removed first. With `enabled=False` (processes other than 0) every call is a no-op.
+    removed first. With `enabled=False` (processes other than 0) every call is a no-op. With
+    `tensorboard=True` every record's numbers also go to a TensorBoard event file in `workdir`
+    (`runs/tensorboard.py`; a resumed run starts a new event file there).
     """
 
-    def __init__(self, workdir: str | os.PathLike, enabled: bool = True):
+    def __init__(self, workdir: str | os.PathLike, enabled: bool = True, tensorboard: bool = False):
         self.path = Path(workdir) / METRICS_FILE
         self.enabled = enabled
         self._file = None
+        self.events = None
+        if enabled and tensorboard:
+            from aepg_jax.runs.tensorboard import EventWriter
+
+            self.events = EventWriter(workdir)
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
@@ -93,11 +100,16 @@ class MetricsWriter:
             raise ValueError(f"A metrics record needs a non-empty string `type`; got {line!r}.")
         self._file.write(_dumps(line) + "\n")
         self._file.flush()
+        if self.events is not None:
+            self.events.record(to_jsonable(line))
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self.events is not None:
+            self.events.close()
+            self.events = None
 
     def __enter__(self) -> MetricsWriter:
         return self

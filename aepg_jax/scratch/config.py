@@ -28,6 +28,8 @@ Fields (defaults in brackets; SPEC §9 and SPEC_BASELINES §6 Decisions):
   optim.epochs [350]
   eval.batch_size [1000]
   log_every_steps [50] / checkpoint_every_epochs [10] (and always after the last epoch)
+  tensorboard [True]           also write metrics.jsonl's numbers and the config as TensorBoard
+                               event files in the workdir; False: metrics.jsonl only
   max_steps_per_epoch [None]   cap on steps per epoch (smoke tests)
   distributed [False]          call jax.distributed.initialize() (multi-host)
 """
@@ -82,6 +84,7 @@ def base_config(preset: str = "resnet50") -> ml_collections.ConfigDict:
     c.eval = dict(batch_size=1000)
     c.log_every_steps = 50
     c.checkpoint_every_epochs = 10
+    c.tensorboard = True
     c.max_steps_per_epoch = config_dict.placeholder(int)
     c.distributed = False
     return c

@@ -104,7 +104,13 @@ class _Run:
         self.seed_dirs = (
             [os.path.join(workdir, f"seed_{s}") for s in self.seeds] if self.vmapped else [workdir]
         )
-        self.writers = [records.MetricsWriter(d, enabled=self.is_main) for d in self.seed_dirs]
+        self.writers = [
+            records.MetricsWriter(d, self.is_main, tensorboard=cfg.get("tensorboard", True))
+            for d in self.seed_dirs
+        ]
+        for writer in self.writers:
+            if writer.events is not None:
+                writer.events.text("config", cfg)
         self.history: list[list[dict[str, float]]] = [[] for _ in self.seeds]
         self.elapsed_before = 0.0
 

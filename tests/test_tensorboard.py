@@ -1,0 +1,90 @@
+"""TensorBoard event files: the default config's run writes them beside metrics.jsonl, and read
+back with TensorBoard's own event reader they hold metrics.jsonl's numbers (and the config)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from aepg_jax import config_lib
+from aepg_jax.continual import loop
+from aepg_jax.runs import records
+from aepg_jax.runs import tensorboard as tb
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _events(directory):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(
+        directory, size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0}
+    )
+    acc.Reload()
+    return acc
+
+
+def _default_run(tmp_path, **overrides):
+    cfg = config_lib.from_file(os.path.join(REPO, "configs", "default.py"))
+    cfg.data.cache_dir = str(tmp_path / "cache")
+    cfg.pretrain.cache_dir = str(tmp_path / "cache" / "pretrained")
+    cfg.data.num_tasks = 2
+    cfg.max_steps_per_task = 4
+    cfg.log_every_steps = 2
+    for key, value in overrides.items():
+        cfg[key] = value
+    workdir = tmp_path / "run"
+    loop.run(cfg, str(workdir))
+    return cfg, workdir
+
+
+def test_the_event_files_hold_the_scalars_of_metrics_jsonl(tmp_path):
+    cfg, workdir = _default_run(tmp_path)
+    expected: dict[str, dict[int, float]] = {}
+    for record in records.read_metrics(workdir):
+        for tag, value in tb.scalars(record):
+            if "step" in record:
+                expected.setdefault(tag, {})[int(record["step"])] = value
+    for tag in ("train/loss", "train/alpha", "train/entropy", "train/lr", "train/grad_norm"):
+        assert tag in expected, sorted(expected)
+    for tag in ("train/images_per_s", "eval/A_t", "eval/forgetting", "eval/acc_pooled"):
+        assert tag in expected, sorted(expected)
+    assert any(tag.startswith("eval/accuracy/") and tag.endswith("/task_1") for tag in expected)
+
+    acc = _events(str(workdir))
+    assert sorted(acc.Tags()["scalars"]) == sorted(expected)
+    for tag, by_step in expected.items():
+        got = {e.step: e.value for e in acc.Scalars(tag)}
+        assert got.keys() == by_step.keys(), tag
+        for step, value in by_step.items():  # events store float32
+            assert got[step] == pytest.approx(np.float32(value), rel=1e-6, abs=1e-30), tag
+    # Forgetting: null (no event) after the first task, a number after the second.
+    assert len(expected["eval/forgetting"]) == 1
+    text = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    config = json.loads("\n".join(line[4:] for line in text.splitlines()))
+    assert config["loss"]["name"] == cfg.loss.name and config["tensorboard"] is True
+
+
+def test_tensorboard_false_writes_metrics_jsonl_only(tmp_path):
+    _, workdir = _default_run(tmp_path, tensorboard=False)
+    assert records.read_metrics(workdir)
+    assert not [f for f in os.listdir(workdir) if f.startswith("events.out.tfevents")]
+
+
+def test_runs_under_one_root_show_by_their_names(tmp_path):
+    """A sweep's runs are DIR/<run name>/ workdirs: `tensorboard --logdir=DIR` lists each."""
+    from tensorboard.backend.event_processing import plugin_event_multiplexer
+    from tensorboard.util import tensor_util
+
+    names = ("imr10,method=lae,seed=0", "imr10,method=plain,seed=0")
+    for i, name in enumerate(names):
+        with records.MetricsWriter(tmp_path / name, tensorboard=True) as writer:
+            writer.write("train", task=0, step=1, loss=float(i))
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    assert sorted(multiplexer.Runs()) == sorted(names)
+    for i, name in enumerate(names):
+        events = multiplexer.Tensors(name, "train/loss")
+        assert [float(tensor_util.make_ndarray(e.tensor_proto)) for e in events] == [float(i)]
