@@ -34,6 +34,7 @@ ENV_STALE = "AEPG_LOCK_STALE_S"  # a heartbeat older than this is a dead holder'
 ENV_BEAT = "AEPG_LOCK_BEAT_S"  # how often the holder rewrites its heartbeat
 DEFAULT_STALE_S = 120.0
 DEFAULT_BEAT_S = 10.0
+RECHECK_S = 0.5  # between writing a new heartbeat and checking it is still ours
 
 
 class Busy(RuntimeError):
@@ -186,18 +187,22 @@ def acquire(workdir: str) -> None:
         except BlockingIOError:
             raise Busy(busy_message(workdir, read_holder(workdir))) from None
         holder = read_holder(workdir)
-        if holder is not None and holder.alive() and holder.pid != os.getpid():
+        me = (socket.gethostname(), os.getpid())
+        if holder is not None and holder.alive() and (holder.host, holder.pid) != me:
             # flock granted, yet a live heartbeat: flock is not shared with its host.
             if fd is not None:
                 os.close(fd)
             raise Busy(busy_message(workdir, holder))
         lock = _Lock(workdir, fd, time.time())
         lock.write_heartbeat()
-        if fd is None:  # heartbeat alone: of two writers at once, the last one's stays
-            time.sleep(min(1.0, beat_every()))
-            holder = read_holder(workdir)
-            if holder is None or (holder.host, holder.pid) != (socket.gethostname(), os.getpid()):
-                raise Busy(busy_message(workdir, holder))
+        # Where flock is not shared between hosts, two hosts may get here at once: each wrote
+        # its heartbeat; the last one written stays, and the other host backs off.
+        time.sleep(min(RECHECK_S, beat_every()))
+        holder = read_holder(workdir)
+        if holder is None or (holder.host, holder.pid) != me:
+            if fd is not None:
+                os.close(fd)
+            raise Busy(busy_message(workdir, holder))
         lock.thread.start()
         _held[workdir], _locks[workdir] = 1, lock
 
