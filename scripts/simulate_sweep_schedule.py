@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
     print(f"{args.gpus} GPUs, makespan in EFLOP per GPU (lower bound {bound / scale:.3f}):")
     print(f"  static shards (--shard=i/{args.gpus}):       {static / scale:.3f}")
     print(f"  workers, most expensive first:    {workers / scale:.3f}")
-    print(f"  ratio static / workers:           {static / workers:.2f}")
+    print(f"  ratio static / workers:           {static / workers:.3f}")
     return 0
 
 
