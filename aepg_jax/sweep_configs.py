@@ -47,6 +47,15 @@ def _problem(unit: layout.Unit, overrides: Sequence[str], validate: Callable | N
     return cfg, None
 
 
+def _new_problems(problem: str, own: str | None) -> bool:
+    """Whether the error line `problem` (with the user's overrides) names a problem that the
+    run's own config (`own`, its error line without them, or None) does not have. Validation
+    lines list their problems separated by "; "."""
+    if own is None:
+        return True
+    return any(part.strip(" .") not in own for part in problem.split("; "))
+
+
 @dataclasses.dataclass(frozen=True)
 class Checked:
     """A unit's config with the user's overrides (None: broken by the run's own arguments)."""
@@ -65,7 +74,7 @@ def check(
         cfg, problem = _problem(unit, overrides, validate)
         if problem is not None and overrides:
             _, own = _problem(unit, (), validate)
-            if own is None:  # fine without the user's overrides: theirs are at fault
+            if _new_problems(problem, own):  # the user's overrides added them
                 raise ValueError(f"{problem} (with the overrides, for run {unit.name}).")
         out.append(Checked(unit, cfg))
     return out

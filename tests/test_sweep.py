@@ -185,6 +185,25 @@ def test_a_misspelt_override_stops_the_sweep_before_any_run(tmp_path, monkeypatc
     assert calls == [] and not (tmp_path / "runs").exists()  # nothing ran, nothing written
 
 
+def test_an_override_adding_a_problem_to_a_run_broken_on_its_own_is_caught():
+    """Table 1's runs fail validation until model.checkpoint is given; an override that adds a
+    problem of its own still stops the sweep, one that does not is left to the runs."""
+    from aepg_jax import sweep_configs
+
+    units = layout.units(experiments.get("demo").runs()[:3])
+
+    def validate(cfg):
+        problems = ["model.checkpoint is needed."]
+        if cfg.optim.epochs < 1:
+            problems.append("optim.epochs must be >= 1.")
+        raise ValueError("Invalid config: " + "; ".join(problems))
+
+    assert len(sweep_configs.check(units, [], validate)) == 3
+    assert len(sweep_configs.check(units, ["--config.optim.epochs=3"], validate)) == 3
+    with pytest.raises(ValueError, match=r"optim.epochs must be >= 1.* for run demo/"):
+        sweep_configs.check(units, ["--config.optim.epochs=0"], validate)
+
+
 def test_command_line_mistakes_are_one_line(tmp_path, capsys):
     path = sweep_fake.write(tmp_path)
     for argv, says in (
