@@ -9,7 +9,9 @@ function checks it; it is then saved as
 `DIR/config.json`. Re-running with the same config and workdir resumes from the newest
 checkpoint; a different config on an existing run's workdir is refused once that run has a
 checkpoint (before its first checkpoint, e.g. after a failed start, the corrected config replaces
-the saved one). Ctrl-C ends the run with one line saying where it stopped, exit code 130.
+the saved one). A run holds its workdir's lock while it runs (`runs/lock.py`): a second run on
+the same workdir exits 2 with one line naming the holder. Ctrl-C ends the run with one line
+saying where it stopped, exit code 130.
 Multi-host: pass `--config.distributed=True` (or set JAX_COORDINATOR_ADDRESS) to call
 `jax.distributed.initialize()` first; `python -m aepg_jax.launch` starts several processes on
 one machine (`hosts.py`). Without an accelerator the glibc allocator keeps freed pages mapped
