@@ -47,13 +47,14 @@ def _problem(unit: layout.Unit, overrides: Sequence[str], validate: Callable | N
     return cfg, None
 
 
-def _new_problems(problem: str, own: str | None) -> bool:
-    """Whether the error line `problem` (with the user's overrides) names a problem that the
-    run's own config (`own`, its error line without them, or None) does not have. Validation
+def _new_problems(problem: str, own: str | None) -> str:
+    """The problems of the error line `problem` (with the user's overrides) that the run's own
+    config (`own`, its error line without them, or None) does not have ("": none). Validation
     lines list their problems separated by "; "."""
     if own is None:
-        return True
-    return any(part.strip(" .") not in own for part in problem.split("; "))
+        return problem
+    added = [part for part in problem.split("; ") if part.strip(" .") not in own]
+    return "; ".join(added).rstrip(".")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +75,9 @@ def check(
         cfg, problem = _problem(unit, overrides, validate)
         if problem is not None and overrides:
             _, own = _problem(unit, (), validate)
-            if _new_problems(problem, own):  # the user's overrides added them
-                raise ValueError(f"{problem} (with the overrides, for run {unit.name}).")
+            added = _new_problems(problem, own)
+            if added:  # the user's overrides brought them
+                raise ValueError(f"{added} (with the overrides, for run {unit.name}).")
         out.append(Checked(unit, cfg))
     return out
 
