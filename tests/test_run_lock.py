@@ -93,6 +93,7 @@ def test_the_heartbeat_is_refreshed_while_held(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- slow: real runs
+# The fixture and both tests: 4 min on the project's 2-core CPU shared with other jobs, 2026-11-25.
 
 
 def _main(config: str, workdir, wait=True):

@@ -88,6 +88,8 @@ def test_a_worker_skips_done_held_and_just_failed_runs_and_waits_for_held_ones(
 
 
 # ---------------------------------------------------------------- slow: real workers
+# The fixture and both tests: 18 min on the project's 2-core CPU shared with other jobs (load
+# average ~10), 2026-11-25.
 
 SHORT = [
     "--where=seed=0",
