@@ -9,7 +9,9 @@ function checks it; it is then saved as
 `DIR/config.json`. Re-running with the same config and workdir resumes from the newest
 checkpoint; a different config on an existing run's workdir is refused once that run has a
 checkpoint (before its first checkpoint, e.g. after a failed start, the corrected config replaces
-the saved one). Ctrl-C ends the run with one line saying where it stopped, exit code 130.
+the saved one). A run holds its workdir's lock while it runs (`runs/lock.py`): a second run on
+the same workdir exits 2 with one line naming the holder. Ctrl-C ends the run with one line
+saying where it stopped, exit code 130.
 Multi-host: pass `--config.distributed=True` (or set JAX_COORDINATOR_ADDRESS) to call
 `jax.distributed.initialize()` first; `python -m aepg_jax.launch` starts several processes on
 one machine (`hosts.py`). Without an accelerator the glibc allocator keeps freed pages mapped
@@ -32,7 +34,7 @@ from ml_collections import config_flags
 from aepg_jax import cli, config_lib, hosts, memory, progress
 from aepg_jax.checkpoints import augreg
 from aepg_jax.continual import loop
-from aepg_jax.runs import checkpointing
+from aepg_jax.runs import checkpointing, lock
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import trainer as scratch_trainer
 
@@ -52,6 +54,7 @@ USER_ERRORS = (
     FloatingPointError,
     augreg.CheckpointError,
     checkpointing.NoRestorableCheckpoint,
+    lock.Busy,  # another run holds the workdir (runs/lock.py)
 )
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
@@ -174,12 +177,14 @@ def main(argv: list[str]) -> None:
 def execute(cfg, workdir: str, *, validated: bool = False) -> dict:
     """Validates `cfg` (unless the caller did), saves it in `workdir` (or checks it against the
     saved one) and runs (or resumes) its trainer; returns the run's results. `aepg_jax.sweep`
-    runs each run through it."""
+    runs each run through it. The run holds `workdir`'s lock throughout (`runs/lock.py`): a
+    second run on it raises `lock.Busy` before touching anything."""
     validate, run = select_trainer(cfg)
     if not validated:
         validate(cfg, jax.device_count())
-    check_or_save_config(cfg, workdir)
-    return run(cfg, workdir)
+    with lock.hold_run(workdir):
+        check_or_save_config(cfg, workdir)
+        return run(cfg, workdir)
 
 
 def _interrupted() -> None:

@@ -1,22 +1,28 @@
 """Runs an experiment's runs (a paper table or figure, `aepg_jax/paper.py`), resumably.
 
-    python -m aepg_jax.sweep --experiment=NAME --workdir=DIR [--list] [--where key=value,...]
-        [--shard=i/n] [--vmap_seeds] [--slurm [--array_size=N] [--sbatch=OPTION ...]]
-        [--config.<field>=<value> ...]
+    python -m aepg_jax.sweep --experiment=NAME --workdir=DIR [--list | --status]
+        [--where key=value,...] [--shard=i/n] [--vmap_seeds]
+        [--slurm [--array_size=N] [--sbatch=OPTION ...]] [--config.<field>=<value> ...]
 
-Every run that is not finished runs in this process, one after another, through
+Before any run, every `--config.*` override is applied to every run's config and validated: a
+bad one stops the sweep with one `error:` line (exit 2). The process is then a worker
+(`sweep_claims.py`): it claims the next unclaimed, unfinished run (most expensive first, by
+`plan/estimate.py`) through the run's lock, until none is left, so that any number of sweep
+processes on one DIR (one per GPU, a SLURM array, a second node) share the runs and a run whose
+worker died is claimed again and resumes. Every run goes through
 `aepg_jax.main.execute` with `aepg_jax.main`'s command-line semantics: same workdir
 (`DIR/<run name>`, see `sweep_layout.py`), same config checks, same resume (an interrupted run
 continues from its last checkpoint). A run's own output goes to `<workdir>/sweep.log`; the
 sweep prints one line per run (index, name, A_T when done, the sweep's ETA). A run that fails
 is recorded (`<workdir>/sweep_error.txt`, its error line printed) and the sweep goes on; it
 exits with status 1 at the end if any failed. `--config.*` overrides (weights, data dir,
-`model.dtype`, ...) go to every run. `--shard=i/n` runs every n-th run from the i-th, so that n
-processes (one per GPU, a SLURM array, GNU parallel) run each run exactly once; `--slurm`
-prints an sbatch array script doing that; `--vmap_seeds` runs the consecutive seeds of a cell
-as one `num_seeds` program (`README`, "Many seeds in one program"). `--list` prints the runs,
-their status and their `aepg_jax.main` commands. `python -m aepg_jax.tables DIR` then prints
-the tables.
+`model.dtype`, ...) go to every run. `--shard=i/n` limits the worker to every n-th run from the
+i-th (static sharding); `--slurm` prints an sbatch array script of workers; `--vmap_seeds` runs
+the consecutive seeds of a cell as one `num_seeds` program (`README`, "Many seeds in one
+program"). `--status` prints each run's status (done, running: worker, since, task t of T,
+failed: its error line, partial, todo; `sweep_status.py`), `--list` also their `aepg_jax.main`
+commands; both work without --workdir (status unknown). `python -m aepg_jax.tables DIR` then
+prints the tables.
 """
 
 from __future__ import annotations
@@ -31,15 +37,24 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from aepg_jax import cli, experiments
+from aepg_jax import cli, experiments, sweep_claims, sweep_configs, sweep_status
 from aepg_jax import sweep_layout as layout
+from aepg_jax.runs import lock
 
 EXIT_FAILED_RUNS = 1
+load_config = sweep_configs.load_config
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one `error:` line (exit 2), not the usage block."""
+
+    def error(self, message: str):
+        cli.fail(f"{message} (see python -m aepg_jax.sweep --help).")
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """The sweep's options and the `--config.<field>=<value>` overrides."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m aepg_jax.sweep",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -49,8 +64,11 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         required=True,
         help="table1, table2, ..., fig6, paper, demo, or a .py file with EXPERIMENT",
     )
-    parser.add_argument("--workdir", required=True, help="the sweep's directory (DIR)")
-    parser.add_argument("--list", action="store_true", help="print the runs and exit")
+    parser.add_argument("--workdir", help="the sweep's directory (DIR)")
+    parser.add_argument(
+        "--list", action="store_true", help="print the runs, their status and commands; exit"
+    )
+    parser.add_argument("--status", action="store_true", help="print the runs' status; exit")
     parser.add_argument(
         "--where", help="only the runs whose arguments match, e.g. tasks=10,loss=ce"
     )
@@ -127,26 +145,6 @@ def _output_to(path: str):
             os.close(saved[1])
 
 
-def load_config(config_arg: str, overrides: Sequence[str]):
-    """The config `aepg_jax.main --config=<config_arg> <overrides>` would run (locked, the
-    overrides type-checked); a bad argument or override raises ValueError with main's line."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    argv = ["aepg_jax.sweep", f"--config={config_arg}", *overrides]
-    values = flags.FlagValues()
-    flag = config_flags.DEFINE_config_file(
-        "config", None, "", flag_values=values, lock_config=True, sys_argv=argv
-    )  # sys_argv: the override flags are made from these arguments, not from sys.argv
-    try:
-        values(argv)
-        cfg = flag.value
-        cfg.get("seed")  # a config file that could not be loaded raises here
-    except Exception as err:
-        raise ValueError(cli.describe(argv, err)) from None
-    return cfg
-
-
 def run_unit(unit: layout.Unit, root: str, overrides: Sequence[str]) -> dict:
     """Runs (or resumes) one unit in its workdir, its output appended to sweep.log."""
     import jax
@@ -160,7 +158,7 @@ def run_unit(unit: layout.Unit, root: str, overrides: Sequence[str]) -> dict:
             f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {unit.command(root, overrides)}", flush=True
         )
         try:
-            cfg = load_config(unit.config_arg, unit.overrides(overrides))
+            cfg = sweep_configs.load_config(unit.config_arg, unit.overrides(overrides))
             return main.execute(cfg, workdir)
         except Exception:
             traceback.print_exc()
@@ -178,22 +176,37 @@ def _error_line(err: BaseException) -> str:
 
 def select(args: argparse.Namespace) -> tuple[experiments.Experiment, list[layout.Unit]]:
     experiment = experiments.get(args.experiment)
-    runs = experiments.filter_runs(experiment.runs(), args.where)
+    runs = experiment.runs()
+    known = {experiments.CONFIG_KEY, *(k for r in runs for k, _ in r.args)}
+    for piece in filter(None, (args.where or "").split(",")):
+        key = piece.partition("=")[0].strip()
+        if "=" in piece and key not in known:
+            raise ValueError(
+                f"--where={args.where}: {key!r} is not an argument of {experiment.name}'s runs; "
+                f"they have {', '.join(sorted(known))}."
+            )
+    runs = experiments.filter_runs(runs, args.where)
     if not runs:
         raise ValueError(f"--where={args.where} matches none of {experiment.name}'s runs.")
     return experiment, layout.units(runs, args.vmap_seeds)
 
 
-def print_list(units: Sequence[layout.Unit], root: str, overrides: Sequence[str], mine) -> None:
+def print_list(
+    units: Sequence[layout.Unit], root: str | None, overrides: Sequence[str], mine, commands: bool
+) -> None:
     width = len(str(len(units)))
     for k, unit in mine:
-        status = layout.unit_status(root, unit)
-        print(f"[{k + 1:>{width}}/{len(units)}] {status:<7} {unit.name}")
-        print(f"    {unit.command(root, overrides)}")
+        print(sweep_status.line(root, unit, f"[{k + 1:>{width}}/{len(units)}]"))
+        if commands:
+            print(f"    {unit.command(root or '<workdir>', overrides)}")
+    if root is not None:
+        counts = sweep_status.counts(root, [u for _, u in mine])
+        print(", ".join(f"{n} {word}" for word, n in counts.items()))
 
 
 def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: int) -> str:
-    """An sbatch array script: task i runs `--shard=i/<array size>` of the sweep."""
+    """An sbatch array script: each task is a sweep worker (`sweep_claims.py`), with the
+    user's `--shard` if given."""
     size = min(args.array_size or n_units, n_units)
     root = os.path.abspath(args.workdir)
     experiment = args.experiment
@@ -209,7 +222,8 @@ def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: in
     sweep += [f"--where={args.where}"] if args.where else []
     sweep += ["--vmap_seeds"] if args.vmap_seeds else []
     sweep += [f"--compile_cache={args.compile_cache}"] if args.compile_cache is not None else []
-    command = shlex.join(sweep) + ' --shard="$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT"'
+    sweep += [f"--shard={args.shard}"] if args.shard else []
+    command = shlex.join(sweep)
     command += "".join(f" {shlex.quote(o)}" for o in overrides)
     lines = [
         "#!/bin/bash",
@@ -222,7 +236,8 @@ def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: in
         f"#SBATCH --output={root}/slurm-%A_%a.out",
         "#SBATCH --open-mode=append",
         *(f"#SBATCH {opt}" for opt in args.sbatch),
-        f"# {n_units} runs of {args.experiment} in {size} array tasks; resubmit to resume.",
+        f"# {n_units} runs of {args.experiment}, {size} workers claiming them (most expensive "
+        "first); resubmit to resume.",
         "set -euo pipefail",
         f"cd {shlex.quote(os.getcwd())}",
         command,
@@ -231,43 +246,58 @@ def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: in
 
 
 def sweep(
-    units: Sequence[layout.Unit], root: str, overrides: Sequence[str], mine
+    units: Sequence[layout.Unit],
+    root: str,
+    overrides: Sequence[str],
+    mine,
+    cost: dict[str, float] | None = None,
 ) -> tuple[int, bool]:
-    """Runs this shard's unfinished units; the number that failed, and whether one failed to
-    write a checkpoint (Orbax's threads of a failed save never finish: no interpreter
-    shutdown may wait for them)."""
+    """Works on this shard's unfinished units (`sweep_claims.work`, most expensive first by
+    `cost`); the number that failed here, and whether one failed to write a checkpoint (Orbax's
+    threads of a failed save never finish: no interpreter shutdown may wait for them)."""
     from aepg_jax.runs import checkpointing
 
-    todo = [(k, u) for k, u in mine if layout.unit_status(root, u) != "done"]
+    started = time.time()
+    todo = sweep_claims.pending(root, mine, started)
     print(
         f"{len(mine)} of {len(units)} runs in this shard: {len(mine) - len(todo)} done, "
         f"{len(todo)} to run.",
         flush=True,
     )
-    width, spent, failed, save_failed = len(str(len(units))), [], 0, False
-    for j, (k, unit) in enumerate(todo):
+    width, spent, tried = len(str(len(units))), [], []
+    save_failed = False
+
+    def run_one(k: int, unit: layout.Unit, left: int) -> None:
+        nonlocal save_failed
         head = f"[{k + 1:>{width}}/{len(units)}] {unit.name}"
         start = time.monotonic()
         error_file = os.path.join(root, unit.name, layout.ERROR_FILE)
         try:
             results = run_unit(unit, root, overrides)
+        except lock.Busy:  # cannot happen under the claim; never recorded as the run's failure
+            raise
         except Exception as err:
-            failed += 1
+            tried.append(False)
             save_failed |= isinstance(err, checkpointing.CheckpointWriteError)
             line = _error_line(err)
             with open(error_file, "w") as f:
                 f.write(line + "\n")
             status = f"FAILED: {line} (log: {os.path.join(root, unit.name, layout.LOG_FILE)})"
         else:
+            tried.append(True)
             if os.path.exists(error_file):
                 os.remove(error_file)
             status = f"done {headline(results)}"
         spent.append(time.monotonic() - start)
-        eta = sum(spent) / len(spent) * (len(todo) - j - 1)
+        eta = sum(spent) / len(spent) * left
         print(f"{head}  {status}  {_fmt_time(spent[-1])}, ETA {_fmt_time(eta)}", flush=True)
+
+    order = sweep_configs.by_cost(todo, cost or {})
+    sweep_claims.work(root, order, run_one, started)
+    failed = tried.count(False)
     if failed:
         print(
-            f"error: {failed} of {len(todo)} runs failed (see above); run the sweep again "
+            f"error: {failed} of {len(tried)} runs failed (see above); run the sweep again "
             "to retry them.",
             file=sys.stderr,
         )
@@ -292,6 +322,12 @@ def main(argv: Sequence[str]) -> int:
     try:
         experiment, units = select(args)
         i, n = layout.parse_shard(args.shard)
+        if args.workdir is None and not (args.list or args.status):
+            raise ValueError(
+                "--workdir is required: the sweep's directory (its runs' workdirs, the tables' "
+                "input), e.g. --workdir=runs/demo; --list and --status work without it."
+            )
+        checked = sweep_configs.check(units, overrides)  # before anything is written
     except ValueError as err:
         cli.fail(str(err))
     root = args.workdir
@@ -300,9 +336,9 @@ def main(argv: Sequence[str]) -> int:
         os.makedirs(root, exist_ok=True)  # SLURM writes its logs there
         print(slurm_script(args, overrides, len(units)), end="")
         return 0
-    if args.list:
+    if args.list or args.status:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
-        print_list(units, root, overrides, mine)
+        print_list(units, root, overrides, mine, commands=args.list)
         return 0
     from absl import flags, logging
 
@@ -311,13 +347,24 @@ def main(argv: Sequence[str]) -> int:
     memory.apply_default()  # before the backend starts, as aepg_jax.main
     flags.FLAGS.mark_as_parsed()  # absl's own flags keep their defaults (no absl.app here)
     logging.set_verbosity(logging.WARNING)  # as aepg_jax.main: orbax and XLA log a lot at INFO
+    import jax
+
+    try:  # the trainers' checks too, as aepg_jax.main runs them, still before any run
+        own = {id(c.unit) for c in checked if c.cfg is None}
+        sweep_configs.check(
+            [u for u in units if id(u) not in own],
+            overrides,
+            sweep_configs.trainer_validate(jax.device_count()),
+        )
+    except ValueError as err:
+        cli.fail(str(err))
     enable_compile_cache(
         os.path.join(root, ".jax_cache") if args.compile_cache is None else args.compile_cache
     )
     name = os.path.abspath(args.experiment) if args.experiment.endswith(".py") else experiment.name
     layout.write_sweep_file(root, name)
     try:
-        failed, save_failed = sweep(units, root, overrides, mine)
+        failed, save_failed = sweep(units, root, overrides, mine, sweep_configs.costs(checked))
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume.", file=sys.stderr)
         return 128 + signal.SIGINT

@@ -7,7 +7,9 @@ the finished runs (seeds) with their number n, the published mean ± as printed,
 Δ = ours - paper. A cell with runs missing shows how many are done (`3/5 done`) and how many
 failed; a cell whose |Δ| > max(1, 2 x the paper's ±) is marked `(!)`. The experiment is the
 one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it. Figure experiments also
-get their plots (`table_plots.py`), written to `DIR/plots/`.
+get their plots (`table_plots.py`), written to `DIR/plots/`. A run whose results file cannot be
+read (truncated, say) or holds a non-finite metric is named in one `warning:` line and counted
+as failed in its cell; the command then exits with status 1.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import csv
 import dataclasses
 import io
 import math
+import os
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -79,23 +83,46 @@ class Cell:
         return max(1, self.published.decimals) if self.published else 1
 
 
-def cell(root: str, experiment: Experiment, table: Table, row: Row, col: Column) -> Cell:
-    """The runs of (row, col) and the metric of those that are finished."""
+def damage(root: str, run, results: dict | None, name: str) -> str | None:
+    """Why `run`'s results are unusable for metric `name` (None when they are fine or the run
+    is not finished): a results file that exists but cannot be read, or a non-finite value."""
+    if results is None:
+        path = pathlib.Path(root) / run.name / layout.RESULTS_FILE
+        return f"{path} cannot be read" if path.exists() else None
+    value = results.get(name)
+    finite = isinstance(value, int | float) and math.isfinite(value)
+    if name in results and not finite:  # NaN / inf are written as null (runs/records.py)
+        return f"{run.name}: {name} is {value} (not finite)"
+    return None
+
+
+def cell(
+    root: str, experiment: Experiment, table: Table, row: Row, col: Column, warnings=None
+) -> Cell:
+    """The runs of (row, col) and the metric of those that are finished; a damaged run
+    (`damage`) counts as failed and its reason is added to `warnings` (a set)."""
     where = {**row.where, **col.where}
     runs = experiment.select(where)
     values, failed = [], 0
     for run in runs:
         results = layout.run_results(root, run)
         value = None if results is None else metric(results, col.metric)
+        problem = damage(root, run, results, col.metric) if value is None else None
         if value is not None:
             values.append(value)
+        elif problem is not None:
+            failed += 1
+            if warnings is not None:
+                warnings.add(problem)
         elif results is None and layout.run_error(root, run) is not None:
             failed += 1
     return Cell(tuple(values), len(runs), failed, table.published(row, col))
 
 
-def grid(root: str, experiment: Experiment, table: Table) -> list[list[Cell]]:
-    return [[cell(root, experiment, table, r, c) for c in table.columns] for r in table.rows]
+def grid(root: str, experiment: Experiment, table: Table, warnings=None) -> list[list[Cell]]:
+    return [
+        [cell(root, experiment, table, r, c, warnings) for c in table.columns] for r in table.rows
+    ]
 
 
 def _num(x: float, d: int, sign: bool = False) -> str:
@@ -208,9 +235,12 @@ def csv_rows(table: Table, cells: list[list[Cell]]) -> list[dict]:
     return out
 
 
-def render(root: str, experiment: Experiment, fmt: str) -> str:
-    """Every table of `experiment` from the results under `root`, in `fmt`."""
-    blocks = [(t, grid(root, e, t)) for e, tables, _ in experiment.sections() for t in tables]
+def render(root: str, experiment: Experiment, fmt: str, warnings: set | None = None) -> str:
+    """Every table of `experiment` from the results under `root`, in `fmt`; the damaged runs'
+    reasons are added to `warnings`."""
+    blocks = [
+        (t, grid(root, e, t, warnings)) for e, tables, _ in experiment.sections() for t in tables
+    ]
     if fmt == "csv":
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, CSV_FIELDS, lineterminator="\n")
@@ -238,6 +268,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> int:
     args = parse(argv)
+    if not os.path.isdir(args.dir):
+        what = "is not a directory" if os.path.exists(args.dir) else "does not exist"
+        cli.fail(f"{args.dir} {what}: name the sweep's directory (aepg_jax.sweep --workdir).")
     name = args.experiment or layout.sweep_experiment(args.dir)
     if name is None:
         cli.fail(
@@ -248,19 +281,25 @@ def main(argv: Sequence[str]) -> int:
         experiment = experiments.get(name)
     except ValueError as err:
         cli.fail(str(err))
-    text = render(args.dir, experiment, args.format)
+    warnings: set[str] = set()
+    text = render(args.dir, experiment, args.format, warnings)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        try:
+            with open(args.out, "w") as f:
+                f.write(text)
+        except OSError as err:
+            cli.fail(f"--out={args.out} cannot be written ({err.strerror}); name a writable file.")
         print(f"wrote {args.out}")
     else:
         print(text, end="")
+    for problem in sorted(warnings):
+        print(f"warning: {problem}; counted as failed.", file=sys.stderr)
     if not args.no_plots:
         from aepg_jax import table_plots
 
         for path in table_plots.write_plots(args.dir, experiment):
             print(f"plot: {path}", file=sys.stderr)
-    return 0
+    return 1 if warnings else 0
 
 
 if __name__ == "__main__":

@@ -99,9 +99,13 @@ def test_tables_cli_reads_the_experiment_the_sweep_recorded(tmp_path, capsys):
     assert tables.main([str(tmp_path), "--format=csv", "--out", str(tmp_path / "t.csv")]) == 0
     text = (tmp_path / "t.csv").read_text()
     assert text.count("\n") == 1 + 6 * 2 and ",0,3,0,,,,,,0" in text  # nothing done yet
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as err:
+        tables.main([str(tmp_path / "empty")])
+    assert err.value.code == 2 and "--experiment=NAME" in capsys.readouterr().err
     with pytest.raises(SystemExit) as err:
         tables.main([str(tmp_path / "nothing")])
-    assert err.value.code == 2 and "--experiment=NAME" in capsys.readouterr().err
+    assert err.value.code == 2 and "nothing does not exist" in capsys.readouterr().err
 
 
 def _fake_execute(calls, monkeypatch):
@@ -154,6 +158,110 @@ def test_where_and_shard_select_runs(tmp_path, monkeypatch, capsys):
             sweep.main([*base, *bad])
         assert err.value.code == 2
     assert capsys.readouterr().err.count("error: ") == 3
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_a_misspelt_override_stops_the_sweep_before_any_run(tmp_path, monkeypatch, capsys):
+    path = sweep_fake.write(tmp_path)
+    calls = []
+    monkeypatch.setattr(main, "execute", _fake_execute(calls, monkeypatch))
+    base = [f"--experiment={path}", f"--workdir={tmp_path}/runs", "--compile_cache="]
+    for bad, says in (
+        ("--config.optim.epoch=2", "--config.optim.epoch: the config has no field 'epoch'"),
+        ("--config.optim.epochs=x", "--config.optim.epochs"),
+        ("--config.optim.epochs=-1", "optim.epochs"),  # the trainer's validation refuses it
+    ):
+        for extra in ([], ["--list"]) if "epoch=" in bad else ([],):
+            with pytest.raises(SystemExit) as err:
+                sweep.main([*base, bad, *extra])
+            line = _one_error_line(capsys)
+            assert err.value.code == 2 and says in line and "fake_config/seed=0" in line, line
+    assert calls == [] and not (tmp_path / "runs").exists()  # nothing ran, nothing written
+
+
+def test_an_override_adding_a_problem_to_a_run_broken_on_its_own_is_caught():
+    """Table 1's runs fail validation until model.checkpoint is given; an override that adds a
+    problem of its own still stops the sweep, one that does not is left to the runs."""
+    from aepg_jax import sweep_configs
+
+    units = layout.units(experiments.get("demo").runs()[:3])
+
+    def validate(cfg):
+        problems = ["model.checkpoint is needed."]
+        if cfg.optim.epochs < 1:
+            problems.append("optim.epochs must be >= 1.")
+        raise ValueError("Invalid config: " + "; ".join(problems))
+
+    assert len(sweep_configs.check(units, [], validate)) == 3
+    assert len(sweep_configs.check(units, ["--config.optim.epochs=3"], validate)) == 3
+    with pytest.raises(ValueError, match=r"optim.epochs must be >= 1.* for run demo/"):
+        sweep_configs.check(units, ["--config.optim.epochs=0"], validate)
+
+
+def test_command_line_mistakes_are_one_line(tmp_path, capsys):
+    path = sweep_fake.write(tmp_path)
+    for argv, says in (
+        ([f"--experiment={path}"], "--workdir is required"),
+        ([], "the following arguments are required: --experiment"),
+        ([f"--experiment={path}", "--workdir=x", "--bogus"], "unknown arguments: --bogus"),
+        ([f"--experiment={path}", "--list", "--where=foo=bar"], "'foo' is not an argument"),
+    ):
+        with pytest.raises(SystemExit) as err:
+            sweep.main(argv)
+        assert err.value.code == 2 and says in _one_error_line(capsys)
+
+
+def test_list_and_status_without_and_with_a_workdir(tmp_path, capsys):
+    path = sweep_fake.write(tmp_path)
+    assert sweep.main([f"--experiment={path}", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" unknown ") == 4 and "--workdir=<workdir>/fake_config/seed=0" in out
+    root = tmp_path / "runs"
+    runs = experiments.get(path).runs()
+    done, failed, held, _ = (root / r.name for r in runs)
+    for d in (done, failed, held):
+        d.mkdir(parents=True)
+    (done / "results.json").write_text(json.dumps({"A_T": 1.0}))
+    (failed / layout.ERROR_FILE).write_text("optim.epochs=-1 must be >= 1.\n")
+    (held / "config.json").write_text(json.dumps({"data": {"num_tasks": 2}}))
+    (held / "metrics.jsonl").write_text(json.dumps({"type": "eval", "task": 0}) + "\n")
+    from aepg_jax.runs import lock
+
+    with lock.hold(str(held)):
+        assert sweep.main([f"--experiment={path}", f"--workdir={root}", "--status"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[1/4] done    fake_config/seed=0")
+    assert lines[1].endswith("(optim.epochs=-1 must be >= 1.)") and " failed " in lines[1]
+    assert " running " in lines[2] and f"pid {os.getpid()} since " in lines[2]
+    assert lines[2].endswith(", task 2 of 2)") and " todo " in lines[3]
+    assert lines[4] == "1 done, 1 failed, 1 running, 1 todo"
+
+
+def test_tables_name_damaged_results_and_a_bad_out(tmp_path, capsys):
+    _write_fake_tree(tmp_path)
+    runs = FAKE.runs()
+    (tmp_path / runs[0].name / "results.json").write_text('{"A_T": 5')  # truncated
+    (tmp_path / runs[1].name / "results.json").write_text('{"A_T": NaN, "avg_inc_acc": 1}')
+    (tmp_path / runs[2].name / "results.json").write_text('{"A_T": null, "avg_inc_acc": 1}')
+    layout.write_sweep_file(tmp_path, "x")
+    fake = tmp_path / "fake.py"
+    fake.write_text("from test_sweep import FAKE as EXPERIMENT\n")
+    argv = [str(tmp_path), f"--experiment={fake}", "--no_plots"]
+    assert tables.main(argv) == 1
+    out, err = capsys.readouterr()
+    warnings = err.strip().splitlines()
+    assert len(warnings) == 3 and all(w.startswith("warning: ") for w in warnings), err
+    assert "seed=0/results.json cannot be read" in err and "A_T is None (not finite)" in err
+    assert "| CE | — (0/3 done, 3 failed) |" in out
+    with pytest.raises(SystemExit) as exc:
+        tables.main([*argv, f"--out={tmp_path}/no/such/dir/t.md"])
+    assert exc.value.code == 2 and "--out=" in _one_error_line(capsys)
 
 
 # ---------------------------------------------------------------- slow: real runs, real CLI

@@ -97,6 +97,11 @@ class Method:
     # paper configs apply with `settings=reference` ({}: the paper's own, Table 5).
     reference_settings: ClassVar[dict[str, Any]] = {}
     uses_model_peft: ClassVar[bool] = True  # False: it ignores `model.peft` (own parameters)
+    # Backbone forward passes beyond the model's own, for the sweep's cost estimate
+    # (`plan/estimate.py`): per training image, per evaluated image, over each task's data.
+    extra_train_forwards: ClassVar[int] = 0
+    eval_forwards: ClassVar[int] = 1
+    task_data_passes: ClassVar[int] = 0
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         self.cfg = cfg

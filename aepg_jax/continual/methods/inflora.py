@@ -128,6 +128,7 @@ class InfLoRA(Method):
     }
     reference_settings: ClassVar[dict[str, Any]] = INFLORA_SETTINGS
     uses_model_peft: ClassVar[bool] = False
+    task_data_passes: ClassVar[int] = 2  # the covariance pass, at begin_task and end_task
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         super().__init__(cfg)

@@ -35,6 +35,7 @@ class LAE(Method):
 
     name = "lae"
     predictors = ("ensemble", "online", "offline")
+    eval_forwards = 2  # online and offline PEFT
     defaults: ClassVar[dict[str, Any]] = {"ema_decay": 0.999}
 
     @classmethod

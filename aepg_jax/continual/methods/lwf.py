@@ -31,6 +31,7 @@ class LwF(Method):
     """Learning without forgetting with the configured classification loss."""
 
     name = "lwf"
+    extra_train_forwards = 1  # the frozen copy's logits on the batch
     defaults: ClassVar[dict[str, Any]] = {"lwf_temperature": 1.0, "lwf_weight": 1.0}
 
     @classmethod

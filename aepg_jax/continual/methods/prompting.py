@@ -121,6 +121,8 @@ class PromptMethod(Method):
 
     reference_settings: ClassVar[dict[str, Any]] = CODA_REPO_SETTINGS
     uses_model_peft: ClassVar[bool] = False
+    extra_train_forwards: ClassVar[int] = 1  # the query q(x), at training and evaluation
+    eval_forwards: ClassVar[int] = 2
 
     @property
     def width(self) -> int:

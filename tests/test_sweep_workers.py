@@ -1,0 +1,176 @@
+"""Sweep workers (`sweep_claims.py`): concurrent `aepg_jax.sweep` processes on one directory
+share its runs. Fast: workers (threads of this process stand in for processes: the claim is
+the run's lock, reentrant only within one thread's run) run each run once; the cost estimate
+orders runs as the methods' extra passes say. Slow: 3 real workers on the demo experiment
+(shortened by overrides) run each run exactly once and their table equals a one-process sweep's;
+with one worker SIGKILLed mid-run, the others retry its run, which resumes, and the table still
+equals it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from aepg_jax import config_lib, experiments, sweep_claims, tables
+from aepg_jax import sweep_layout as layout
+from aepg_jax.plan import estimate
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_the_cost_estimate_counts_images_and_the_methods_extra_passes():
+    cfg = config_lib.from_file(str(REPO / "configs/imagenet_r.py"), "tasks=10,method=plain")
+    plain = estimate.run_flops(cfg)
+    n = (224 // 16) ** 2 + 1
+    assert estimate.forward_flops(cfg.model) > 12 * 2 * n * 12 * 768**2  # ViT-B/16: ~17.6 GF
+    assert estimate.forward_flops(cfg.model) == pytest.approx(35.1e9, rel=0.02)
+    config = str(REPO / "configs/imagenet_r.py")
+    for method in ("lae", "l2p", "inflora"):  # second eval pass, query pass, covariance
+        other = config_lib.from_file(config, f"tasks=10,method={method}")
+        assert estimate.run_flops(other) > plain, method
+    twenty = config_lib.from_file(config, "tasks=20,method=plain")
+    assert estimate.run_flops(twenty) != plain
+    cfg.num_seeds = 3
+    assert estimate.run_flops(cfg) == pytest.approx(3 * plain)
+
+
+HOLD_FOR = """
+import sys, time
+from aepg_jax.runs import lock
+with lock.hold(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_worker_skips_done_held_and_just_failed_runs_and_waits_for_held_ones(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv(sweep_claims.ENV_POLL, "0.2")
+    runs = experiments.get("demo").runs()[:4]
+    units = list(enumerate(layout.units(runs)))
+    root, started = str(tmp_path), time.time()
+    done, failed, _, held = (tmp_path / u.name for _, u in units)
+    for d in (done, failed, held):
+        d.mkdir(parents=True)
+    (done / "results.json").write_text("{}")
+    (failed / layout.ERROR_FILE).write_text("boom\n")
+    os.utime(failed / layout.ERROR_FILE, (started - 10, started - 10))  # an earlier sweep's
+    assert sweep_claims.pending(root, units, started) == units[1:]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_FOR, str(held), "2"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    ran = []
+
+    def run_one(k, unit, left):
+        ran.append((k, holder.poll() is None))
+        if k == 1:
+            (failed / layout.ERROR_FILE).write_text("boom again\n")  # fails now: not retried
+        else:
+            (tmp_path / unit.name / "results.json").write_text("{}")
+
+    sweep_claims.work(root, units, run_one, started)
+    holder.wait()
+    assert ran == [(1, True), (2, True), (3, False)]  # run 3 once its holder had ended
+    assert "waiting: the 1 runs left are held by other workers." in capsys.readouterr().out
+    assert sweep_claims.pending(root, units, started) == []
+
+
+# ---------------------------------------------------------------- slow: real workers
+# The fixture and both tests: 18 min on the project's 2-core CPU shared with other jobs (load
+# average ~10), 2026-11-25.
+
+SHORT = [
+    "--where=seed=0",
+    "--config.data.num_tasks=2",
+    "--config.max_steps_per_task=4",
+    "--config.checkpoint_every_steps=2",
+    "--compile_cache=",
+]
+
+
+def _sweep(root, *extra, wait=True):
+    cmd = [sys.executable, "-m", "aepg_jax.sweep", "--experiment=demo", f"--workdir={root}"]
+    env = {**os.environ, sweep_claims.ENV_POLL: "0.5"}
+    kwargs = dict(cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if not wait:
+        return subprocess.Popen([*cmd, *SHORT, *extra], **kwargs)
+    return subprocess.run([*cmd, *SHORT, *extra], timeout=1800, **kwargs)
+
+
+def _table(root) -> str:
+    return tables.render(str(root), experiments.get("demo"), "markdown")
+
+
+def _matrices(root):
+    return {
+        str(p.relative_to(root)): json.loads(p.read_text())["accuracy_matrix"]
+        for p in sorted(pathlib.Path(root).glob("demo/*/results.json"))
+    }
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    root = tmp_path_factory.mktemp("one") / "runs"
+    proc = _sweep(root)
+    assert proc.returncode == 0, proc.stdout
+    assert len(_matrices(root)) == 6
+    return root
+
+
+def _done_lines(outs):
+    return sorted(line.split()[1] for out in outs for line in out.splitlines() if "  done" in line)
+
+
+@pytest.mark.slow
+def test_three_workers_run_each_run_once_and_give_the_one_process_table(one_process, tmp_path):
+    root = tmp_path / "runs"
+    procs = [_sweep(root, wait=False) for _ in range(3)]
+    outs = [p.communicate(timeout=1800)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    names = sorted(r.name for r in experiments.get("demo").runs() if r.seed == 0)
+    assert _done_lines(outs) == names  # each run once
+    for log in root.glob("demo/*/sweep.log"):
+        assert log.read_text().count("--- ") == 1, log  # one worker wrote it
+    assert _matrices(root) == _matrices(one_process)
+    assert _table(root) == _table(one_process)
+
+
+@pytest.mark.slow
+def test_a_sigkilled_worker_s_run_is_retried_resumes_and_the_table_holds(one_process, tmp_path):
+    from aepg_jax.runs import lock
+
+    root = tmp_path / "runs"
+    procs = [_sweep(root, wait=False) for _ in range(3)]
+    by_pid = {p.pid: p for p in procs}
+    victim, workdir, deadline = None, None, time.time() + 900
+    while victim is None and time.time() < deadline:
+        for ckpts in root.glob("demo/*/checkpoints"):
+            holder = lock.running(str(ckpts.parent))
+            if holder and holder.pid in by_pid and any(s.isdigit() for s in os.listdir(ckpts)):
+                if not (ckpts.parent / "results.json").exists():
+                    victim, workdir = by_pid[holder.pid], ckpts.parent
+                    break
+        time.sleep(0.05)
+    assert victim is not None, "no run was caught mid-way"
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    others = [p for p in procs if p is not victim]
+    outs = [p.communicate(timeout=1800)[0] for p in others]
+    assert [p.returncode for p in others] == [0, 0], outs
+    assert (workdir / "results.json").exists()
+    log = (workdir / "sweep.log").read_text()
+    assert log.count("--- ") == 2 and "resum" in log.lower(), log  # claimed again, resumed
+    assert _matrices(root) == _matrices(one_process)
+    assert _table(root) == _table(one_process)
