@@ -169,7 +169,10 @@ class CodaPrompt(prompting.PromptMethod):
             k, a, p = (prompts[n][i] for n in ("keys", "attention", "components"))
             if train:  # earlier tasks' rows are frozen
                 k, a, p = (_where_rows(frozen_rows, jax.lax.stop_gradient(t), t) for t in (k, a, p))
-            w = jnp.where(used[None], component_weights(q, a, k), 0.0)
+            # Unused rows (zeros until their task) enter as ones: the norm of a zero vector
+            # has a NaN gradient, which a select after it would not stop.
+            a_in, k_in = (_where_rows(used, t, jnp.ones_like(t)) for t in (a, k))
+            w = jnp.where(used[None], component_weights(q, a_in, k_in), 0.0)
             prefixes[block] = prompting.split_kv(jnp.einsum("bk,kld->bld", w, p))
             if train and mu > 0:
                 penalty += sum(ortho_penalty(t.reshape(t.shape[0], -1), used, f) for t in (k, a, p))
