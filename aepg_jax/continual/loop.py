@@ -20,7 +20,7 @@ import os
 import ml_collections
 
 from aepg_jax import compiles
-from aepg_jax.continual import evaluation, methods, resume, setup, training
+from aepg_jax.continual import evaluation, fit, methods, resume, setup, training
 from aepg_jax.continual import report as report_lib
 from aepg_jax.continual import state as state_lib
 from aepg_jax.continual import train_step as ts
@@ -102,6 +102,8 @@ def _run(cfg, workdir: str, ckpt: checkpointing.Checkpointer, counter: compiles.
         for t in range(start_task, r.num_tasks):
             if start_step == 0:
                 state = begin_task(r, t, state)
+            if t == start_task:  # before the first training step of this process
+                fit.check(r, t, state)
             state = training.train_task(r, book, ckpt, t, state, start_step)
             state = end_task(r, t, state)
             results = evaluation.evaluate(r, t, state, book.trackers)
