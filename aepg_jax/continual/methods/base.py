@@ -5,10 +5,10 @@ called by the task loop at fixed points. Its own state (`method_state`, any pytr
 `{}` for plain) is carried in the `TrainState`, checkpointed and vmapped over seeds with it.
 
 Host side, once per task (outside jit, one seed at a time):
-    begin_task(task, trainable, state, ctx) -> (trainable, state)   before task t's heads grow
+    begin_task(task, trainable, state, ctx) -> (trainable, state)   before task t's own leaves
     grow(task, trainable, key) -> trainable                         task t's own new leaves
     end_task(task, trainable, state, ctx) -> state                  after training, before eval
-    init_state(trainable) -> state                                   the state before task 0
+    init_state(trainable) -> state                                  the state before task 0
     state_like(task, phase, trainable_at) -> state                  a checkpoint's structure
 Inside the jitted train step (pure):
     forward(net, trainable, frozen, state, images, task) -> (logits, extra_loss | None)
@@ -149,7 +149,7 @@ class Method:
     def begin_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
     ) -> tuple[Params, Params]:
-        """Before task `task.index` (its head not grown yet); returns (trainable, state)."""
+        """Before task `task.index` (and its `grow`); returns (trainable, state)."""
         return trainable, state
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
