@@ -151,7 +151,11 @@ def run_step_fn(run: Run, t: int, state: ts.TrainState, phase: bool | None = Non
     """`run_step(state, frozen, batch) -> (state, metrics)` of task `t` (`task_step_fn` with the
     task's arguments bound; `state` is unused, kept for callers)."""
     step, (task, total) = task_step_fn(run, t, phase), task_args(run, t)
-    return lambda state, frozen, batch: step(state, frozen, batch, task, total)
+
+    def run_step(state, frozen, batch):  # named: the plan's HLO dumps are found by it
+        return step(state, frozen, batch, task, total)
+
+    return run_step
 
 
 def _jitted(run: Run, name: str, fn: Callable) -> Callable:
