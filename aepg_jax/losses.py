@@ -142,13 +142,19 @@ def mean_entropy(logits: Array, where: Array | None = None) -> Array:
     return jnp.sum(jnp.where(where, h, 0.0)) / jnp.maximum(jnp.sum(where), 1)
 
 
-def lwf_distillation(new_logits: Array, old_logits: Array, temperature: float = 1.0) -> Array:
+def lwf_distillation(
+    new_logits: Array, old_logits: Array, temperature: float = 1.0, where: Array | None = None
+) -> Array:
     """LwF distillation `T^2 KL(softmax(z_old / T) || softmax(z_new / T))` per example.
 
-    Both inputs hold the *old* classes' logits only (`[..., K_old]`); `old_logits` come from the
-    frozen copy of the previous task's model and receive no gradient.
+    Both inputs hold the *old* classes' logits only (`[..., K_old]`), or all classes with
+    `where` (their shape) True on the old ones (the others then count as absent); `old_logits`
+    come from the frozen copy of the previous task's model and receive no gradient.
     """
     chex.assert_equal_shape((new_logits, old_logits))
+    if where is not None:
+        neg = jnp.asarray(-1e30, new_logits.dtype)
+        new_logits, old_logits = (jnp.where(where, z, neg) for z in (new_logits, old_logits))
     old_logits = jax.lax.stop_gradient(old_logits)
     log_q = _log_probs(old_logits / temperature)
     log_p = _log_probs(new_logits / temperature)

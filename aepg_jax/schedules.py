@@ -26,7 +26,9 @@ import numpy as np
 import optax
 
 
-def _check_total_steps(total_steps: int) -> int:
+def _check_total_steps(total_steps: int | jax.Array) -> int | jax.Array:
+    if isinstance(total_steps, jax.Array):  # traced: one program serves tasks of any length
+        return total_steps
     if isinstance(total_steps, bool) or not isinstance(total_steps, int | np.integer):
         raise TypeError(f"total_steps must be an int; got {total_steps!r}.")
     if total_steps <= 0:
@@ -34,8 +36,11 @@ def _check_total_steps(total_steps: int) -> int:
     return int(total_steps)
 
 
-def _fraction(step: chex.Numeric, total_steps: int) -> jax.Array:
-    """`clip(t, 0, T) / T` in float32."""
+def _fraction(step: chex.Numeric, total_steps: int | jax.Array) -> jax.Array:
+    """`clip(t, 0, T) / T` in float32 (`T` a Python int or a traced integer)."""
+    if isinstance(total_steps, jax.Array):
+        total = jnp.asarray(total_steps, jnp.float32)
+        return jnp.clip(jnp.asarray(step, jnp.float32), 0.0, total) / total
     t = jnp.clip(jnp.asarray(step, jnp.float32), 0.0, float(total_steps))
     return t / total_steps
 

@@ -183,9 +183,7 @@ def our_step(
     method = methods.get(cfg.method.name)(cfg)
     method_state = method.state_like(task.index, "in_task", lambda t: trainable)
     method_state = jax.tree.map(jnp.zeros_like, method_state)
-    schedule = schedules.get_schedule(
-        cfg.schedule.name, TOTAL_STEPS, **config_lib.schedule_kwargs(cfg)
-    )
+    hyper = config_lib.schedule_kwargs(cfg)
     host = make_batch(batch, cfg.data.store_size, num_classes, seed)
     host["label"] = host["label"] % sizes[-1] + task.offset
     train_peft = jnp.asarray(True) if "head_only_cond" in add else None
@@ -195,12 +193,13 @@ def our_step(
             methods.Network(cfg.model),
             losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
             losses.is_annealed(cfg.loss.name),
-            schedule,
+            lambda total: schedules.get_schedule(cfg.schedule.name, total, **hyper),
             optimizer,
             partition.label_params(trainable),
-            task,
+            task.freeze_steps > 0,
             setup.step_config(cfg),
         )
+        spec, total = task.traced(), jnp.asarray(TOTAL_STEPS, jnp.int32)
         state = ts.TrainState(
             trainable=trainable,
             opt_state=optimizer.init(trainable),
@@ -212,13 +211,15 @@ def our_step(
         )
         compiled = (
             jax.jit(step_fn, donate_argnums=() if "donate" in off else (0,))
-            .lower(state, frozen, jax.device_put(host), train_peft)
+            .lower(state, frozen, jax.device_put(host), spec, total, train_peft)
             .compile()
         )
     holder = [state]
 
     def step() -> None:
-        holder[0], metrics = compiled(holder[0], frozen, jax.device_put(host), train_peft)
+        holder[0], metrics = compiled(
+            holder[0], frozen, jax.device_put(host), spec, total, train_peft
+        )
         jax.block_until_ready((holder[0], metrics))
 
     return Runner("jax", step, time.perf_counter() - start, batch, compiled=compiled)

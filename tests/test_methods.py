@@ -64,7 +64,7 @@ class _Counting(base.Method):
     defaults: ClassVar[dict] = {}
     seen: ClassVar[list] = []
 
-    def state_like(self, task, phase, trainable_at):
+    def init_state(self, trainable):
         return {"count": jnp.zeros([], jnp.int32)}
 
     def begin_task(self, task, trainable, state, ctx):
@@ -80,8 +80,8 @@ class _Counting(base.Method):
     def after_step(self, trainable, state, task):
         return {"count": state["count"] + 1}
 
-    def predict(self, net, trainable, frozen, state, images, head_sizes, num_seen):
-        probs, logits = super().predict(net, trainable, frozen, state, images, head_sizes, num_seen)
+    def predict(self, net, trainable, frozen, state, images, task):
+        probs, logits = super().predict(net, trainable, frozen, state, images, task)
         return {"model": probs["model"], "model_again": probs["model"]}, logits
 
 
@@ -93,14 +93,15 @@ def test_a_method_added_by_one_class_and_a_registry_entry_runs(tmp_path, monkeyp
     cfg.num_seeds = 2
     summary = loop.run(cfg, str(tmp_path / "run"))
     assert summary["predictors"] == ["model", "model_again"]
-    # Per seed: begin before the head grows, the state counts steps across tasks.
+    # Per seed: every task's head is there from the start (run-static shapes), the state
+    # counts steps across tasks.
     assert _Counting.seen == [
-        ("begin", 0, 0, 0),
-        ("begin", 0, 0, 0),
-        ("end", 0, 1, 3),
-        ("end", 0, 1, 3),
-        ("begin", 1, 1, 3),
-        ("begin", 1, 1, 3),
+        ("begin", 0, 2, 0),
+        ("begin", 0, 2, 0),
+        ("end", 0, 2, 3),
+        ("end", 0, 2, 3),
+        ("begin", 1, 2, 3),
+        ("begin", 1, 2, 3),
         ("end", 1, 2, 6),
         ("end", 1, 2, 6),
     ]

@@ -356,7 +356,7 @@ def test_no_gradient_reaches_the_query_pass():
         if q is None:
             logits, extra = method.forward(net, tr, frozen, {}, x, spec)
         else:
-            logits, extra = method.prompted(net, tr, frozen, x, q, (4, 4), train=True)
+            logits, extra = method.prompted(net, tr, frozen, x, q, spec, train=True)
         return jnp.sum(jax.nn.log_softmax(logits)[:, 5]) + extra
 
     q = prompting.query(net, frozen, x)

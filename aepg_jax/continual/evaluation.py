@@ -3,6 +3,7 @@ set, task-agnostic (argmax over all seen classes), plus the mean predictive entr
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from aepg_jax import losses
-from aepg_jax.continual import methods, metrics
+from aepg_jax.continual import methods, metrics, training
 from aepg_jax.continual import train_step as ts
 from aepg_jax.continual.setup import Run
 from aepg_jax.data import augment, loader
@@ -20,24 +21,19 @@ Params = dict[str, Any]
 
 
 def make_eval_step(
-    method: methods.Method,
-    net: methods.Network,
-    head_sizes: tuple[int, ...],
-    num_seen: int,
-    cfg: ts.StepConfig,
+    method: methods.Method, net: methods.Network, cfg: ts.StepConfig
 ) -> Callable[..., dict[str, jax.Array]]:
-    """`eval(trainable, method_state, frozen, batch) -> sums` over the valid rows of a batch:
-    correct counts per predictor, the number of valid rows and the summed entropy of the
-    softmax over the seen classes (of the logits `method.predict` names)."""
+    """`eval(trainable, method_state, frozen, batch, task) -> sums` over the valid rows of a
+    batch after task `task` (a traced `TaskSpec`: one program for every task): correct counts
+    per predictor over the seen classes, the number of valid rows and the summed entropy of
+    the softmax over the seen classes (of the logits `method.predict` names)."""
 
     def eval_step(
-        trainable: Params, method_state: Params, frozen: Params, batch: dict
+        trainable: Params, method_state: Params, frozen: Params, batch: dict, task
     ) -> dict[str, jax.Array]:
         images = augment.test_transform(batch["image"], cfg.image_size, cfg.normalize)
         mask, labels = batch["mask"], batch["label"]
-        probs, logits = method.predict(
-            net, trainable, frozen, method_state, images, head_sizes, num_seen
-        )
+        probs, logits = method.predict(net, trainable, frozen, method_state, images, task)
         out = {
             "count": jnp.sum(mask),
             "entropy_sum": jnp.sum(jnp.where(mask, losses.entropy(logits), 0.0)),
@@ -49,17 +45,30 @@ def make_eval_step(
     return eval_step
 
 
+_EVAL: dict[int, tuple[weakref.ref, Callable]] = {}  # id(run) -> (run, jitted eval)
+
+
+def jitted_eval(run: Run) -> Callable[..., dict[str, jax.Array]]:
+    """The run's jitted evaluation, vmapped over seeds: `eval(trainable, method_state, frozen,
+    batch, task) -> sums`; one object per run, so one compilation serves every task."""
+    ref, fn = _EVAL.get(id(run), (None, None))
+    if ref is None or ref() is not run:
+        step = make_eval_step(run.method, run.net, run.step_cfg)
+        fn = jax.jit(run.axis.lift(step, (0, 0, run.frozen_axis, None, None)))
+        _EVAL[id(run)] = (weakref.ref(run, lambda _: _EVAL.pop(id(run), None)), fn)
+    return fn
+
+
 def eval_fn_of(run: Run, task: int) -> Callable[..., dict[str, jax.Array]]:
     """The evaluation after task `task`, vmapped over seeds, not jitted:
-    `eval(trainable, method_state, frozen, batch) -> sums` (`make_eval_step`)."""
-    step = make_eval_step(
-        run.method,
-        run.net,
-        run.head_sizes[: task + 1],
-        run.data.tasks.tasks[task].stop,
-        run.step_cfg,
+    `eval(trainable, method_state, frozen, batch) -> sums` (`make_eval_step`, the task bound)."""
+    step = run.axis.lift(
+        make_eval_step(run.method, run.net, run.step_cfg), (0, 0, run.frozen_axis, None, None)
     )
-    return run.axis.lift(step, (0, 0, run.frozen_axis, None))
+    spec = training.task_spec(run, task).traced()
+    return lambda trainable, method_state, frozen, batch: step(
+        trainable, method_state, frozen, batch, spec
+    )
 
 
 def evaluate(
@@ -70,7 +79,7 @@ def evaluate(
     Returns per seed `{"per_task": {i: {predictor: acc %}}, "entropy": mean entropy}`.
     """
     predictors = run.method.predictors
-    eval_fn = jax.jit(eval_fn_of(run, task))
+    eval_fn, spec = jitted_eval(run), training.task_spec(run, task).traced()
     num_seeds = len(run.axis.seeds)
     entropy_sum, count_all = np.zeros(num_seeds), 0
     per_task: list[dict] = [{} for _ in range(num_seeds)]
@@ -84,7 +93,7 @@ def evaluate(
             run.mesh,
             train=False,
         ):
-            out = eval_fn(state.trainable, state.method_state, run.frozen, batch)
+            out = eval_fn(state.trainable, state.method_state, run.frozen, batch, spec)
             sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
         sums = {k: run.axis.per_seed(v) for k, v in sums.items()}
         count = int(sums["count"][0])

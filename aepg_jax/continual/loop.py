@@ -1,10 +1,11 @@
 """The class-incremental task loop (SPEC §4, §6, §7): data -> model -> per-task training ->
 evaluation of every seen task -> checkpoint -> reports.
 
-For each task t: the method's `begin_task` (e.g. LwF's frozen copy), grow the head (and the
-method's own task leaves), build a fresh optimizer state, train `optim.epochs` epochs with the
-configured loss (alpha schedule restarting per task; PEFT frozen for the first
-`optim.peft_freeze_epochs` epochs of tasks >= 1, without recompiling), the method's `end_task`
+For each task t: the method's `begin_task` (e.g. LwF's frozen copy), the method's own task
+leaves (every task's head is there from the start), build a fresh optimizer state, train
+`optim.epochs` epochs with the configured loss (alpha schedule restarting per task; PEFT
+frozen for the first `optim.peft_freeze_epochs` epochs of tasks >= 1; one compiled program
+for every task), the method's `end_task`
 (e.g. LAE's offline copy after task 0), evaluate all seen tasks task-agnostically, checkpoint.
 The method (`method.name`, see `methods/`) is reached only through its hooks.
 
@@ -18,7 +19,8 @@ import os
 
 import ml_collections
 
-from aepg_jax.continual import evaluation, methods, resume, setup, training
+from aepg_jax import compiles
+from aepg_jax.continual import evaluation, fit, methods, resume, setup, training
 from aepg_jax.continual import report as report_lib
 from aepg_jax.continual import state as state_lib
 from aepg_jax.continual import train_step as ts
@@ -45,10 +47,11 @@ def task_context(run: setup.Run, t: int, seed_index: int) -> methods.TaskContext
 
 
 def begin_task(run: setup.Run, t: int, state: ts.TrainState | None) -> ts.TrainState:
-    """Task `t`'s first state: the method's begin hook, grown heads, a fresh optimizer."""
+    """Task `t`'s first state: the method's begin hook, its task leaves, a fresh optimizer."""
     spec = training.task_spec(run, t)
     if state is None:
-        trainable, method_state, global_step = run.axis.stack(list(run.initial_peft)), {}, 0
+        trainable = state_lib.first_trainable(run)
+        method_state, global_step = state_lib.initial_method_state(run), 0
     else:
         trainable, method_state = state.trainable, state.method_state
         global_step = run.axis.first(state.global_step)
@@ -87,6 +90,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     os.makedirs(workdir, exist_ok=True)
     # First: a checkpoint directory that cannot be written is refused before any data work.
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    with compiles.Counter() as counter:
+        return _run(cfg, workdir, ckpt, counter)
+
+
+def _run(cfg, workdir: str, ckpt: checkpointing.Checkpointer, counter: compiles.Counter) -> dict:
     r = setup.build(cfg, workdir)
     book = Bookkeeping(r, state_lib.STATE_LAYOUT)
     try:
@@ -94,6 +102,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         for t in range(start_task, r.num_tasks):
             if start_step == 0:
                 state = begin_task(r, t, state)
+            if t == start_task:  # before the first training step of this process
+                fit.check(r, t, state)
             state = training.train_task(r, book, ckpt, t, state, start_step)
             state = end_task(r, t, state)
             results = evaluation.evaluate(r, t, state, book.trackers)
@@ -103,7 +113,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
             ckpt.wait()
             start_step = 0
         ckpt.wait()
-        return report_lib.report(r, book, book.elapsed())
+        out = report_lib.report(r, book, book.elapsed(), counter.summary())
+        if r.is_main:
+            print(counter.line())
+        return out
     finally:
         ckpt.close()  # waits for a pending asynchronous save
         book.close()

@@ -34,8 +34,9 @@ def provenance(run: Run, seed_index: int, env: dict) -> dict:
     }
 
 
-def report(run: Run, book: Bookkeeping, wall: float) -> dict:
-    """Writes results (per seed, plus the seeds' summary) and returns the run's results."""
+def report(run: Run, book: Bookkeeping, wall: float, compilations: dict | None = None) -> dict:
+    """Writes results (per seed, plus the seeds' summary) and returns the run's results;
+    `compilations` (`compiles.Counter.summary`) goes into each results file."""
     env = environment.describe()
     per_seed = [
         results.build_results(
@@ -48,6 +49,9 @@ def report(run: Run, book: Bookkeeping, wall: float) -> dict:
         )
         for i, (tracker, seed) in enumerate(zip(book.trackers, run.axis.seeds, strict=True))
     ]
+    if compilations is not None:
+        for res in per_seed:
+            res["compilations"] = compilations
     if run.is_main:
         for res, directory in zip(per_seed, book.seed_dirs, strict=True):
             records.write_results(directory, res)
@@ -59,6 +63,8 @@ def report(run: Run, book: Bookkeeping, wall: float) -> dict:
             print(results.final_table(per_seed[0]))
         return per_seed[0]
     summary = results.seeds_summary(per_seed, records.to_jsonable(run.cfg.to_dict()), wall)
+    if compilations is not None:
+        summary["compilations"] = compilations
     if run.is_main:
         records.write_results(run.workdir, summary, results.SEEDS_RESULTS_FILE)
         print(results.seeds_table(summary))

@@ -1,7 +1,8 @@
 """The run's train state: building it at a task's start, and its shape in a checkpoint.
 
-The trainable tree during task t is the initial PEFT plus heads 0..t (each initialised from
-the seed's key, `fold_in(key, 1000 + t)`) plus whatever the method grows for tasks 0..t
+The trainable tree during task t is the initial PEFT plus every task's head (head s initialised
+from the seed's key, `fold_in(key, 1000 + s)`, present from the start so that the shapes, and
+the compiled programs, hold for the whole run) plus whatever the method grows for tasks 0..t
 (`fold_in(key, 2000 + t)`); rebuilding it from the keys gives any checkpoint's structure.
 """
 
@@ -24,7 +25,8 @@ Params = dict[str, Any]
 
 # Version of the checkpointed state's layout; a checkpoint of another layout is refused.
 # 2: the method's state is `TrainState.method_state` (1 had `offline_peft` and an `lwf` item).
-STATE_LAYOUT = 2
+# 3: run-static shapes: every task's head from the start, the method state from task 0.
+STATE_LAYOUT = 3
 
 
 def learning_rate(cfg, steps_per_epoch: int) -> float | optax.Schedule:
@@ -64,28 +66,48 @@ def optimizer(
     return tx
 
 
-def grow(run: Run, trainable: Params, task: int) -> Params:
-    """Adds task `task`'s head and the method's own task leaves to every seed's tree."""
+def with_heads(run: Run, trainable: Params) -> Params:
+    """Every task's head added to every seed's tree, head t initialised from
+    `fold_in(key, 1000 + t)` as if it grew at task t's start: the tree's shapes hold for the
+    whole run (the classes of later tasks are masked, their heads get no gradient)."""
 
     def one_seed(i: int, tree: Params) -> Params:
-        key = run.keys[i]
-        tree = head.grow(
-            tree,
-            jax.random.fold_in(key, 1000 + task),
-            run.head_sizes[task],
-            run.cfg.model.hidden_size,
-        )
-        return run.method.grow(task, tree, jax.random.fold_in(key, 2000 + task))
+        for t, n in enumerate(run.head_sizes):
+            tree = head.grow(
+                tree, jax.random.fold_in(run.keys[i], 1000 + t), n, run.cfg.model.hidden_size
+            )
+        return tree
 
     return run.axis.map(one_seed, trainable)
 
 
+def grow(run: Run, trainable: Params, task: int) -> Params:
+    """Adds the method's own task leaves of task `task` to every seed's tree (the heads are
+    there from the start, `with_heads`)."""
+
+    def one_seed(i: int, tree: Params) -> Params:
+        return run.method.grow(task, tree, jax.random.fold_in(run.keys[i], 2000 + task))
+
+    return run.axis.map(one_seed, trainable)
+
+
+def first_trainable(run: Run) -> Params:
+    """The trainable tree before task 0's hooks: the initial PEFT and every task's head."""
+    return with_heads(run, run.axis.stack(list(run.initial_peft)))
+
+
 def trainable_for(run: Run, task: int) -> Params:
     """The trainable tree of task `task` as first built (deterministic per seed)."""
-    trainable = run.axis.stack(list(run.initial_peft))
+    trainable = first_trainable(run)
     for t in range(task + 1):
         trainable = grow(run, trainable, t)
     return trainable
+
+
+def initial_method_state(run: Run) -> Params:
+    """Every seed's method state before task 0 (`Method.init_state` of task 0's tree)."""
+    first = run.axis.unstack(trainable_for(run, 0))
+    return run.axis.stack([run.method.init_state(tr) for tr in first])
 
 
 def fresh_state(

@@ -2,14 +2,15 @@
 
 State is explicit: `TrainState` (trainable PEFT + heads, optimizer state, the method's state,
 the task step, the RNG, the first non-finite step) goes in and out of the step; the frozen
-backbone is a separate, non-differentiated argument. One compilation per task: task-dependent
-sizes (class offset, head sizes, freeze steps, schedule length) are closed over as Python
-constants; everything per-step is traced.
+backbone is a separate, non-differentiated argument. One compilation per run: the model has every
+task's head from the start and the task (index, class offset and count, freeze steps, schedule
+length) is a traced argument, so the same program trains every task.
 
 A train step, for a uint8 batch `(image, label)`:
   1. `x = train_augment(fold_in(rng, global_step), image)` on the device;
-  2. `logits, extra = method.forward(x)`; `z = logits[:, offset:offset + K]` (the task's local
-     logits), `y = label - offset`;
+  2. `logits, extra = method.forward(x)` over every class of the run; `z = logits[:, offset:
+     offset + K]` (the task's local logits, a dynamic slice), `y = label - offset`: the later
+     tasks' heads get exactly zero gradient, so Adam leaves them at their initial values;
   3. `L = mean(loss(z, y[, alpha_t])) (+ extra)`, `alpha_t = schedule(task_step)`;
   4. gradients w.r.t. the trainable leaves only; while `task_step < freeze_steps` only the
      heads' (a `lax.cond` branch that back-propagates through the head alone) and the PEFT
@@ -31,6 +32,7 @@ import optax
 
 from aepg_jax import losses, partition
 from aepg_jax.continual.methods import Method, Network, TaskSpec
+from aepg_jax.continual.methods.base import NEG
 from aepg_jax.data import augment
 
 Params = dict[str, Any]
@@ -60,23 +62,39 @@ class StepConfig:
     normalize: str
 
 
+def local_logits(
+    logits: jax.Array, labels: jax.Array, task: TaskSpec
+) -> tuple[jax.Array, jax.Array]:
+    """`(z, y)`: the task's own logits (B, K) and labels in [0, K), K = the widest task.
+
+    With equal task sizes `z = logits[:, offset:offset + K]` (a dynamic slice: `offset` may be
+    traced); otherwise the columns past the task's `num_classes` are masked (`NEG`)."""
+    width = max(task.head_sizes)
+    if len(set(task.head_sizes)) == 1:
+        local = jax.lax.dynamic_slice_in_dim(logits, task.offset, width, axis=1)
+    else:
+        pad = jnp.full((logits.shape[0], width), NEG, logits.dtype)
+        wide = jnp.concatenate([logits, pad], axis=1)
+        local = jax.lax.dynamic_slice_in_dim(wide, task.offset, width, axis=1)
+        own = jnp.arange(width) < task.num_classes
+        local = jnp.where(own[None], local, jnp.asarray(NEG, logits.dtype))
+    return local, labels - task.offset
+
+
 def _gradient_fns(
     method: Method,
     net: Network,
     loss_fn: Callable[..., jax.Array],
     annealed: bool,
     trainable_labels: Params,
-    task: TaskSpec,
 ) -> tuple[Callable, Callable]:
     """`(grads_all, grads_head_only)`: `f(trainable, frozen, method_state, images, labels,
-    alpha) -> ((loss, local entropy), grads)`; the second back-propagates through the heads
-    only (zero PEFT gradients), for the head-only epochs."""
-    stop = task.offset + task.num_classes
+    alpha, task) -> ((loss, local entropy), grads)`; the second back-propagates through the
+    heads only (zero PEFT gradients), for the head-only epochs."""
 
-    def loss_and_metrics(trainable, frozen, method_state, images, labels, alpha):
+    def loss_and_metrics(trainable, frozen, method_state, images, labels, alpha, task):
         logits, extra = method.forward(net, trainable, frozen, method_state, images, task)
-        local = logits[:, task.offset : stop]
-        y = labels - task.offset
+        local, y = local_logits(logits, labels, task)
         per_example = loss_fn(local, y, alpha=alpha) if annealed else loss_fn(local, y)
         loss = jnp.mean(per_example)
         if extra is not None:
@@ -101,28 +119,29 @@ def make_train_step(
     net: Network,
     loss_fn: Callable[..., jax.Array],
     annealed: bool,
-    schedule: optax.Schedule,
+    make_schedule: Callable[[jax.Array], optax.Schedule],
     optimizer: optax.GradientTransformationExtraArgs,
     trainable_labels: Params,
-    task: TaskSpec,
+    head_only_phase: bool,
     cfg: StepConfig,
 ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
-    """`step(state, frozen, batch[, train_peft]) -> (state, metrics)`, not jitted.
+    """`step(state, frozen, batch, task, total_steps[, train_peft]) -> (state, metrics)`, not
+    jitted; `task` (a `TaskSpec` of int32 scalars) and the task's `total_steps` are traced.
 
-    `frozen` holds the backbone leaves. `train_peft` (a bool scalar) overrides the phase flag
-    `state.task_step >= freeze_steps`; a vmapped multi-seed step passes it unbatched so that
-    the head-only `lax.cond` stays a branch instead of becoming a select of both branches.
+    `frozen` holds the backbone leaves. `make_schedule(T)` is the alpha schedule of a task of
+    T steps. `head_only_phase` (static: the run has head-only epochs and PEFT leaves) makes the
+    gradient a `lax.cond` on the phase flag `state.task_step >= task.freeze_steps`;
+    `train_peft` (a bool scalar) overrides the flag: a vmapped multi-seed step passes it
+    unbatched so that the cond stays a branch instead of becoming a select of both branches.
     """
-    peft = partition.split(trainable_labels, trainable_labels, (partition.PEFT,))[0]
-    has_peft = bool(jax.tree.leaves(peft))
-    grads_all, grads_head_only = _gradient_fns(
-        method, net, loss_fn, annealed, trainable_labels, task
-    )
+    grads_all, grads_head_only = _gradient_fns(method, net, loss_fn, annealed, trainable_labels)
 
     def step(
         state: TrainState,
         frozen: Params,
         batch: dict,
+        task: TaskSpec,
+        total_steps: jax.Array,
         train_peft: jax.Array | None = None,
     ):
         key = jax.random.fold_in(state.rng, state.global_step)
@@ -135,11 +154,11 @@ def make_train_step(
             flip_prob=cfg.flip_prob,
             normalize_mode=cfg.normalize,
         )
-        alpha = jnp.asarray(schedule(state.task_step), jnp.float32)
+        alpha = jnp.asarray(make_schedule(total_steps)(state.task_step), jnp.float32)
         if train_peft is None:
             train_peft = state.task_step >= task.freeze_steps
-        args = (state.trainable, frozen, state.method_state, images, batch["label"], alpha)
-        if has_peft and task.freeze_steps > 0:
+        args = (state.trainable, frozen, state.method_state, images, batch["label"], alpha, task)
+        if head_only_phase:
             (loss, entropy), grads = jax.lax.cond(train_peft, grads_all, grads_head_only, *args)
         else:
             (loss, entropy), grads = grads_all(*args)

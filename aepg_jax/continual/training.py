@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Callable, Iterator
 
 import jax
@@ -50,14 +51,15 @@ def plan_task(cfg, task: splits.Task) -> TaskPlan:
 
 
 def task_spec(run: Run, t: int) -> methods.TaskSpec:
-    """The static facts of task `t` that its compiled step and the method hooks see."""
+    """Task `t` as its compiled step and the method hooks see it (Python ints; traced inside
+    the programs, which serve every task)."""
     task = run.data.tasks.tasks[t]
     return methods.TaskSpec(
         index=t,
         offset=task.offset,
         num_classes=task.num_classes,
         freeze_steps=plan_task(run.cfg, task).freeze_steps,
-        head_sizes=run.head_sizes[: t + 1],
+        head_sizes=run.head_sizes,
     )
 
 
@@ -78,44 +80,98 @@ def check_finite(
     )
 
 
-def run_step_fn(run: Run, t: int, state: ts.TrainState, phase: bool | None = None) -> Callable:
-    """`run_step(state, frozen, batch) -> (state, metrics)` of task `t`, vmapped over seeds.
+_STEPS: dict[int, tuple[weakref.ref, dict]] = {}  # id(run) -> (run, {key: step fn})
+
+
+def _run_cache(run: Run) -> dict:
+    """This run's cache of step functions (one per static key), so that every task reuses
+    the same jitted programs."""
+    ref, cache = _STEPS.get(id(run), (None, None))
+    if ref is None or ref() is not run:
+        cache = {}
+        _STEPS[id(run)] = (weakref.ref(run, lambda _: _STEPS.pop(id(run), None)), cache)
+    return cache
+
+
+def _static_key(run: Run, t: int) -> int | None:
+    """What of task `t` stays a Python constant in its step: the steps per epoch of a per-epoch
+    learning-rate decay (None: a constant learning rate, one program for every task)."""
+    if run.cfg.optim.lr_schedule == "constant":
+        return None
+    return plan_task(run.cfg, run.data.tasks.tasks[t]).steps_per_epoch
+
+
+def task_step_fn(run: Run, t: int, phase: bool | None = None) -> Callable:
+    """`step(state, frozen, batch, task, total_steps) -> (state, metrics)`, vmapped over seeds,
+    the same function object for every task of the run (jit it once: one compilation).
 
     `phase` True / False fixes the PEFT-training flag (`aepg_jax.plan` costs each phase of a
     task alone); None (training) reads it from the task step."""
-    cfg, spec = run.cfg, task_spec(run, t)
-    plan = plan_task(cfg, run.data.tasks.tasks[t])
-    one_seed = run.axis.unstack(state.trainable)[0]
+    cache = _run_cache(run)
+    key = ("step", _static_key(run, t), phase)
+    if key in cache:
+        return cache[key]
+    cfg = run.cfg
+    one_seed = run.axis.unstack(state_lib.trainable_for(run, 0))[0]
+    labels = partition.label_params(one_seed)
+    has_peft = bool(jax.tree.leaves(partition.split(labels, labels, (partition.PEFT,))[0]))
+    hyper = config_lib.schedule_kwargs(cfg)
     step_fn = ts.make_train_step(
         run.method,
         run.net,
         run.loss_fn,
         run.annealed,
-        schedules.get_schedule(
-            cfg.schedule.name, plan.total_steps, **config_lib.schedule_kwargs(cfg)
-        ),
-        state_lib.optimizer(cfg, one_seed, plan.steps_per_epoch),
-        partition.label_params(one_seed),
-        spec,
+        lambda total: schedules.get_schedule(cfg.schedule.name, total, **hyper),
+        state_lib.optimizer(cfg, one_seed, _static_key(run, t) or 1),
+        labels,
+        has_peft and cfg.optim.peft_freeze_epochs > 0,
         run.step_cfg,
     )
-    lifted = run.axis.lift(step_fn, (0, run.frozen_axis, 0, None))
+    lifted = run.axis.lift(step_fn, (0, run.frozen_axis, 0, None, None, None))
     vmapped = run.axis.vmapped
 
-    def run_step(state, frozen, batch):
+    def step(state, frozen, batch, task, total_steps):
         # Every seed is at the same task step: one unbatched phase flag for all of them.
-        train_peft = state.task_step[0] >= spec.freeze_steps if vmapped else None
+        train_peft = state.task_step[0] >= task.freeze_steps if vmapped else None
         if phase is not None:
             train_peft = jnp.asarray(phase)
-        return lifted(state, frozen, batch, train_peft)
+        return lifted(state, frozen, batch, task, total_steps, train_peft)
+
+    cache[key] = step
+    return step
+
+
+def task_args(run: Run, t: int) -> tuple[methods.TaskSpec, jax.Array]:
+    """`(task, total_steps)`, the traced task arguments of `task_step_fn`'s step."""
+    plan = plan_task(run.cfg, run.data.tasks.tasks[t])
+    return task_spec(run, t).traced(), jnp.asarray(plan.total_steps, jnp.int32)
+
+
+def run_step_fn(run: Run, t: int, state: ts.TrainState, phase: bool | None = None) -> Callable:
+    """`run_step(state, frozen, batch) -> (state, metrics)` of task `t` (`task_step_fn` with the
+    task's arguments bound; `state` is unused, kept for callers)."""
+    step, (task, total) = task_step_fn(run, t, phase), task_args(run, t)
+
+    def run_step(state, frozen, batch):  # named: the plan's HLO dumps are found by it
+        return step(state, frozen, batch, task, total)
 
     return run_step
+
+
+def _jitted(run: Run, name: str, fn: Callable) -> Callable:
+    """`jax.jit(fn, donate_argnums=(0,))` cached per run under (`name`, `fn`)."""
+    cache = _run_cache(run)
+    key = (name, id(fn))
+    if key not in cache:
+        cache[key] = (fn, jax.jit(fn, donate_argnums=(0,)))
+    return cache[key][1]
 
 
 def _step_chunks(run: Run, run_step: Callable, t: int, plan: TaskPlan, state, step: int) -> Chunks:
     """One jitted step per batch from the host loader; yields (state, step, 1, metrics)."""
     task = run.data.tasks.tasks[t]
-    jit_step = jax.jit(run_step, donate_argnums=(0,))
+    jit_step = _jitted(run, "step", run_step)
+    spec, total = task_args(run, t)
     seeds = run.axis.seeds
     while step < plan.total_steps:
         epoch = step // plan.steps_per_epoch
@@ -130,7 +186,7 @@ def _step_chunks(run: Run, run_step: Callable, t: int, plan: TaskPlan, state, st
             epoch=t * 100_000 + epoch,
             start=step - epoch * plan.steps_per_epoch,
         ):
-            state, m = jit_step(state, run.frozen, batch)
+            state, m = jit_step(state, run.frozen, batch, spec, total)
             step += 1
             yield state, step, 1, m
             if step == plan.total_steps:
@@ -152,17 +208,22 @@ def _scanned_chunks(
     vmapped = run.axis.vmapped
     sharded = (loader.seeds_batch_sharding if vmapped else loader.batch_sharding)(run.mesh)
 
-    def multi_step(state, frozen, images, labels, rows):
-        def body(st, r):  # r: ([S,] B) rows of this step
-            batch = jax.lax.with_sharding_constraint(
-                {"image": images[r], "label": labels[r]}, sharded
-            )
-            return run_step(st, frozen, batch)
+    cache = _run_cache(run)
+    if ("multi", run_step) not in cache:
 
-        state, ms = jax.lax.scan(body, state, rows)  # metrics (k, [S])
-        return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), ms) if vmapped else ms
+        def multi_step(state, frozen, images, labels, rows, spec, total):
+            def body(st, r):  # r: ([S,] B) rows of this step
+                batch = jax.lax.with_sharding_constraint(
+                    {"image": images[r], "label": labels[r]}, sharded
+                )
+                return run_step(st, frozen, batch, spec, total)
 
-    jit_multi = jax.jit(multi_step, donate_argnums=(0,))
+            state, ms = jax.lax.scan(body, state, rows)  # metrics (k, [S])
+            return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), ms) if vmapped else ms
+
+        cache[("multi", run_step)] = jax.jit(multi_step, donate_argnums=(0,))
+    jit_multi = cache[("multi", run_step)]
+    spec, total = task_args(run, t)
     while step < plan.total_steps:
         epoch = step // plan.steps_per_epoch
         within = step - epoch * plan.steps_per_epoch
@@ -180,7 +241,8 @@ def _scanned_chunks(
         )  # (k, S, B)
         if not vmapped:
             rows = rows[:, 0]
-        state, ms = jit_multi(state, run.frozen, images, labels, jnp.asarray(rows, jnp.int32))
+        rows = jnp.asarray(rows, jnp.int32)
+        state, ms = jit_multi(state, run.frozen, images, labels, rows, spec, total)
         step += k
         yield state, step, k, ms
 
@@ -262,7 +324,7 @@ def train_task(
     )
     log = _Logger(run, book, t, plan, start_step)
     every = cfg.checkpoint_every_steps
-    stream = chunks(run, run_step_fn(run, t, state), t, plan, state, start_step)
+    stream = chunks(run, task_step_fn(run, t), t, plan, state, start_step)
     progress.at(task=f"{t + 1}/{run.num_tasks}", step=f"{start_step}/{plan.total_steps}")
     for state, step, k, metrics_chunk in stream:
         if step - k == start_step:  # the first call compiled the step: the clock starts now

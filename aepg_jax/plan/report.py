@@ -93,7 +93,9 @@ def plan_target(cfg, run, target: Target, out: TextIO) -> list[analysis.Cost]:
     )
     print(f"{cols[0]:<34}" + "".join(f"{c:>10}" for c in cols[1:-1]) + f"  {cols[-1]}", file=out)
     counts, costs = project.calls(run), []
+    kinds = []
     for program in all_programs(run):
+        kinds.append(program.kind)
         cost = cost_on(program, target, cfg)
         costs.append(cost)
         row = (
@@ -117,6 +119,15 @@ def plan_target(cfg, run, target: Target, out: TextIO) -> list[analysis.Cost]:
         f"HBM floor {_hours(p.hbm_floor)} ({target.num_devices} x "
         f"{target.peak(cfg.model.dtype) / target.num_devices / 1e12:.0f} TFLOP/s, "
         f"{chip.bandwidth / 1e12:.2f} TB/s)",
+        file=out,
+    )
+    # A run compiles each program once (run-static shapes): its train phases are one program
+    # (a `lax.cond`), the largest phase's compile time stands for it.
+    train = [c.seconds for c, kind in zip(costs, kinds, strict=True) if kind == "train"]
+    rest = [c.seconds for c, kind in zip(costs, kinds, strict=True) if kind != "train"]
+    print(
+        f"compilation per run: {len(rest) + bool(train)} programs, ~"
+        f"{max(train, default=0.0) + sum(rest):.0f} s (each once, whatever the number of tasks)",
         file=out,
     )
     return costs

@@ -5,16 +5,18 @@ called by the task loop at fixed points. Its own state (`method_state`, any pytr
 `{}` for plain) is carried in the `TrainState`, checkpointed and vmapped over seeds with it.
 
 Host side, once per task (outside jit, one seed at a time):
-    begin_task(task, trainable, state, ctx) -> (trainable, state)   before task t's heads grow
+    begin_task(task, trainable, state, ctx) -> (trainable, state)   before task t's own leaves
     grow(task, trainable, key) -> trainable                         task t's own new leaves
     end_task(task, trainable, state, ctx) -> state                  after training, before eval
+    init_state(trainable) -> state                                  the state before task 0
     state_like(task, phase, trainable_at) -> state                  a checkpoint's structure
 Inside the jitted train step (pure):
     forward(net, trainable, frozen, state, images, task) -> (logits, extra_loss | None)
     after_step(trainable, state, task) -> state                     after each optimizer update
 Inside the jitted evaluation (pure):
-    predict(net, trainable, frozen, state, images, head_sizes, num_seen)
-        -> ({predictor: probs (B, num_seen)}, logits (B, num_seen) whose entropy is logged)
+    predict(net, trainable, frozen, state, images, task)
+        -> ({predictor: probs (B, C)}, logits (B, C) whose entropy is logged), the classes
+           after task `task.index` masked (probability 0, `mask_unseen`)
 Planning (`aepg_jax.plan`, shapes only):
     host_programs(trainable, state, frozen, batch, task) -> {name: (fn, args, passes)}
         the method's own jitted programs besides the train and eval steps
@@ -30,6 +32,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
+import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -41,15 +44,39 @@ Params = dict[str, Any]
 Batch = dict[str, jax.Array]
 
 
-@dataclasses.dataclass(frozen=True)
+@flax.struct.dataclass
 class TaskSpec:
-    """Static facts of the task being trained (baked into its compiled step)."""
+    """The task being trained or evaluated. Its integers are Python ints on the host and traced
+    int32 scalars inside the compiled programs, which one program serves for every task; the
+    head sizes (every task's, the model has all heads from the start) are static."""
 
-    index: int  # task t, 0-based
-    offset: int  # first class of the task (in the relabelled order)
-    num_classes: int  # classes of the task
-    freeze_steps: int  # head-only steps at the start of the task
-    head_sizes: tuple[int, ...]  # classes of tasks 0..t (the heads the model has)
+    index: Any  # task t, 0-based
+    offset: Any  # first class of the task (in the relabelled order)
+    num_classes: Any  # classes of the task
+    freeze_steps: Any  # head-only steps at the start of the task
+    head_sizes: tuple[int, ...] = flax.struct.field(pytree_node=False)  # classes of every task
+
+    @property
+    def stop(self) -> Any:
+        """One past the task's last class: classes `[0, stop)` are seen after the task."""
+        return self.offset + self.num_classes
+
+    def traced(self) -> TaskSpec:
+        """The spec with int32 array leaves (a jitted program's argument)."""
+        return jax.tree.map(lambda x: jnp.asarray(x, jnp.int32), self)
+
+    def seen_mask(self, num_classes: int) -> jax.Array:
+        """(C,) True for the classes of tasks 0..t."""
+        return jnp.arange(num_classes) < self.stop
+
+
+NEG = -1e30  # the logit of a masked class: softmax gives it probability 0 (exp underflows)
+
+
+def mask_unseen(logits: jax.Array, task: TaskSpec) -> jax.Array:
+    """Logits (B, C) with the classes of tasks after `task.index` set to `NEG`: a softmax, an
+    argmax or an entropy over them equals one over the seen classes alone."""
+    return jnp.where(task.seen_mask(logits.shape[-1]), logits, jnp.asarray(NEG, logits.dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,15 +140,21 @@ class Method:
 
     # -- host side -------------------------------------------------------------------------
 
+    def init_state(self, trainable: Params) -> Params:
+        """The method state before task 0, given the first trainable tree (every task's head
+        and the method's task-0 leaves); its shapes hold for the whole run."""
+        return {}
+
     def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
         """A tree shaped like the method state checkpointed at (`task`, `phase`), where phase
-        is `in_task` or `task_done`; `trainable_at(t)` is the trainable tree during task t."""
-        return {}
+        is `in_task` or `task_done`; `trainable_at(t)` is the trainable tree during task t.
+        Run-static: the state before task 0."""
+        return self.init_state(trainable_at(0))
 
     def begin_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
     ) -> tuple[Params, Params]:
-        """Before task `task.index` (its head not grown yet); returns (trainable, state)."""
+        """Before task `task.index` (and its `grow`); returns (trainable, state)."""
         return trainable, state
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
@@ -155,7 +188,8 @@ class Method:
         images: jax.Array,
         task: TaskSpec,
     ) -> tuple[jax.Array, jax.Array | None]:
-        """Training logits over all classes of tasks 0..t, and an extra loss term (or None)."""
+        """Training logits over every class of the run (the loss reads the task's own; classes
+        of later tasks get no gradient), and an extra loss term (or None)."""
         logits, _ = net.apply(partition.merge(trainable, frozen), images, task.head_sizes)
         return logits, None
 
@@ -172,13 +206,12 @@ class Method:
         frozen: Params,
         state: Params,
         images: jax.Array,
-        head_sizes: tuple[int, ...],
-        num_seen: int,
+        task: TaskSpec,
     ) -> tuple[dict[str, jax.Array], jax.Array]:
-        """Each predictor's probabilities over the seen classes, and the logits whose entropy
-        is logged."""
-        logits = net.apply(partition.merge(trainable, frozen), images, head_sizes)[0]
-        logits = logits[:, :num_seen]
+        """Each predictor's probabilities over the classes (those after task `task.index`
+        masked to probability 0), and the (masked) logits whose entropy is logged."""
+        logits = net.apply(partition.merge(trainable, frozen), images, task.head_sizes)[0]
+        logits = mask_unseen(logits, task)
         return {"model": softmax_probs(logits)}, logits
 
 

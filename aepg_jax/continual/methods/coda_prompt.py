@@ -76,9 +76,17 @@ def component_weights(q: jax.Array, attention: jax.Array, keys: jax.Array) -> ja
     return jnp.sum(prompting.normalize(aq) * prompting.normalize(keys)[None], axis=-1)
 
 
-def ortho_penalty(t: jax.Array) -> jax.Array:
-    """`mean((t t^T - I)^2)` of a (k, d) matrix."""
-    return jnp.mean((t @ t.T - jnp.eye(t.shape[0], dtype=t.dtype)) ** 2)
+def ortho_penalty(
+    t: jax.Array, rows: jax.Array | None = None, count: jax.Array | int | None = None
+) -> jax.Array:
+    """`mean((t t^T - I)^2)` of a (k, d) matrix; with `rows` (k,) bool and their `count`, of
+    the submatrix of those rows (the mean over `count^2` entries)."""
+    if rows is None:
+        return jnp.mean((t @ t.T - jnp.eye(t.shape[0], dtype=t.dtype)) ** 2)
+    t = jnp.where(rows[:, None], t, 0.0)
+    sq = (t @ t.T - jnp.eye(t.shape[0], dtype=t.dtype)) ** 2
+    pair = rows[:, None] & rows[None, :]
+    return jnp.sum(jnp.where(pair, sq, 0.0)) / jnp.asarray(count, sq.dtype) ** 2
 
 
 class CodaPrompt(prompting.PromptMethod):
@@ -148,19 +156,29 @@ class CodaPrompt(prompting.PromptMethod):
         return out
 
     def prefixes(
-        self, q: jax.Array, prompts: Params, task: int, train: bool
+        self, q: jax.Array, prompts: Params, task: jax.Array | int, train: bool
     ) -> tuple[vit.Prefixes, jax.Array | None]:
+        # Rows [f, M) (later tasks') weigh 0 and get no gradient; rows [0, s) are frozen in
+        # training. With `task` traced the masks are selects over all M rows.
         s, f = task * self.per_task, (task + 1) * self.per_task
+        rows = jnp.arange(self.cfg.method.coda_pool_size)
+        used, frozen_rows = rows < f, rows < s
         mu = self.cfg.method.coda_ortho_weight
         prefixes, penalty = {}, jnp.zeros([], jnp.float32)
         for i, block in enumerate(self.blocks("coda_blocks")):
-            k, a, p = (prompts[n][i, :f] for n in ("keys", "attention", "components"))
+            k, a, p = (prompts[n][i] for n in ("keys", "attention", "components"))
             if train:  # earlier tasks' rows are frozen
-                k, a, p = (
-                    jnp.concatenate([jax.lax.stop_gradient(t[:s]), t[s:]]) for t in (k, a, p)
-                )
-            w = component_weights(q, a, k)
+                k, a, p = (_where_rows(frozen_rows, jax.lax.stop_gradient(t), t) for t in (k, a, p))
+            # Unused rows (zeros until their task) enter as ones: the norm of a zero vector
+            # has a NaN gradient, which a select after it would not stop.
+            a_in, k_in = (_where_rows(used, t, jnp.ones_like(t)) for t in (a, k))
+            w = jnp.where(used[None], component_weights(q, a_in, k_in), 0.0)
             prefixes[block] = prompting.split_kv(jnp.einsum("bk,kld->bld", w, p))
             if train and mu > 0:
-                penalty += ortho_penalty(k) + ortho_penalty(a) + ortho_penalty(p.reshape(f, -1))
+                penalty += sum(ortho_penalty(t.reshape(t.shape[0], -1), used, f) for t in (k, a, p))
         return prefixes, (mu * penalty if train and mu > 0 else None)
+
+
+def _where_rows(rows: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+    """Row r of `a` where `rows[r]`, else of `b`."""
+    return jnp.where(rows.reshape(-1, *([1] * (a.ndim - 1))), a, b)

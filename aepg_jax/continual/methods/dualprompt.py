@@ -46,9 +46,11 @@ DUALPROMPT_SETTINGS: dict[str, Any] = {
 }
 
 
-def slots(q: jax.Array, keys: jax.Array, seen: int) -> jax.Array:
-    """Each query's e-prompt slot (B,) at test time: the nearest of the first `seen` keys."""
-    return jnp.argmax(prompting.cosine(q, keys[:seen]), axis=-1)
+def slots(q: jax.Array, keys: jax.Array, seen: jax.Array | int) -> jax.Array:
+    """Each query's e-prompt slot (B,) at test time: the nearest of the first `seen` keys
+    (`seen` may be traced: the others are masked to -inf)."""
+    s = prompting.cosine(q, keys)
+    return jnp.argmax(jnp.where(jnp.arange(keys.shape[0]) < seen, s, -jnp.inf), axis=-1)
 
 
 class DualPrompt(prompting.PromptMethod):
@@ -109,7 +111,8 @@ class DualPrompt(prompting.PromptMethod):
         batch = q.shape[0]
         if train:
             idx = jnp.full((batch,), task, jnp.int32)
-            pull = jnp.sum(prompting.cosine(q, prompts["keys"][task : task + 1])) / batch
+            key = jax.lax.dynamic_slice_in_dim(prompts["keys"], task, 1)  # (1, D), task traced
+            pull = jnp.sum(prompting.cosine(q, key)) / batch
             extra = -self.cfg.method.dualprompt_pull_weight * pull
         else:
             idx, extra = slots(q, prompts["keys"], task + 1), None

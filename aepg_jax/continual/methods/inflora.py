@@ -49,6 +49,7 @@ from aepg_jax.continual.methods.base import (
     TaskContext,
     TaskSpec,
     heads_of,
+    mask_unseen,
     out_of_depth_problems,
     softmax_probs,
 )
@@ -188,6 +189,9 @@ class InfLoRA(Method):
             "basis_dim": jnp.zeros((n,), jnp.int32),
             "retain": jnp.zeros((n,), jnp.int32),
         }
+
+    def init_state(self, trainable: Params) -> Params:
+        return self.initial_state()
 
     def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
         return self.initial_state()  # made at task 0's start, before any checkpoint
@@ -336,9 +340,8 @@ class InfLoRA(Method):
         frozen: Params,
         state: Params,
         images: jax.Array,
-        head_sizes: tuple[int, ...],
-        num_seen: int,
+        task: TaskSpec,
     ) -> tuple[dict[str, jax.Array], jax.Array]:
-        params = self.params(trainable, frozen, state, len(head_sizes) - 1)
-        logits = self.net.apply(params, images, head_sizes)[0][:, :num_seen]
+        params = self.params(trainable, frozen, state, task.index)
+        logits = mask_unseen(self.net.apply(params, images, task.head_sizes)[0], task)
         return {"model": softmax_probs(logits)}, logits

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
@@ -25,13 +24,15 @@ from aepg_jax.continual.methods.base import (
     TaskContext,
     TaskSpec,
     heads_of,
+    mask_unseen,
     peft_of,
     softmax_probs,
 )
 
 
 class LAE(Method):
-    """Learning-accumulation-ensemble: method state = the offline PEFT (`{}` until task 0 ends)."""
+    """Learning-accumulation-ensemble: method state = the offline PEFT (the initial PEFT until
+    task 0 ends, when it becomes the trained one)."""
 
     name = "lae"
     predictors = ("ensemble", "online", "offline")
@@ -43,10 +44,10 @@ class LAE(Method):
         d = cfg.method.ema_decay
         return [] if 0.0 <= d < 1.0 else [f"method.ema_decay={d} must be in [0, 1)."]
 
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        if task == 0 and phase == "in_task":
-            return {}
-        return peft_of(trainable_at(task))
+    def init_state(self, trainable: Params) -> Params:
+        # A copy of the PEFT from the start (run-static shapes); unused during task 0, which
+        # ends by copying the trained PEFT over it.
+        return jax.tree.map(jnp.copy, peft_of(trainable))
 
     def end_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
@@ -56,10 +57,11 @@ class LAE(Method):
         return state
 
     def after_step(self, trainable: Params, state: Params, task: TaskSpec) -> Params:
-        if task.index == 0:
-            return state
         d = self.cfg.method.ema_decay
-        return jax.tree.map(lambda e, m: d * e + (1.0 - d) * m, state, peft_of(trainable))
+        first = jnp.asarray(task.index) == 0  # task 0: the copy waits for the task's end
+        return jax.tree.map(
+            lambda e, m: jnp.where(first, e, d * e + (1.0 - d) * m), state, peft_of(trainable)
+        )
 
     def predict(
         self,
@@ -68,12 +70,11 @@ class LAE(Method):
         frozen: Params,
         state: Params,
         images: jax.Array,
-        head_sizes: tuple[int, ...],
-        num_seen: int,
+        task: TaskSpec,
     ) -> tuple[dict[str, jax.Array], jax.Array]:
-        online = net.apply(partition.merge(trainable, frozen), images, head_sizes)[0]
+        online = net.apply(partition.merge(trainable, frozen), images, task.head_sizes)[0]
         offline_params = partition.merge(state, heads_of(trainable), frozen)
-        offline = net.apply(offline_params, images, head_sizes)[0]
-        online, offline = online[:, :num_seen], offline[:, :num_seen]
+        offline = net.apply(offline_params, images, task.head_sizes)[0]
+        online, offline = mask_unseen(online, task), mask_unseen(offline, task)
         p_on, p_off = softmax_probs(online), softmax_probs(offline)
         return {"ensemble": jnp.maximum(p_on, p_off), "online": p_on, "offline": p_off}, online

@@ -3,7 +3,8 @@
 For tasks t >= 1 the loss gains `w * mean_b T^2 KL(softmax(z_old/T) || softmax(z_new/T))` over
 the old classes' logits, `z_old` from the copy (heads of tasks 0..t-1) on the current batch;
 T = `method.lwf_temperature`, w = `method.lwf_weight`. Method state: the copy's trainable
-leaves (PEFT + heads 0..t-1), `{}` during task 0.
+leaves (PEFT + every head, those of tasks >= t unchanged since their initialisation, so
+its logits of the old classes are the previous model's), unused during task 0.
 
 Two choices to know when comparing with other LwF code:
 - The old tasks' heads keep training (under the classification loss's softmax and the
@@ -16,7 +17,6 @@ Two choices to know when comparing with other LwF code:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
@@ -43,8 +43,9 @@ class LwF(Method):
             problems.append(f"method.lwf_weight={m.lwf_weight} must be >= 0.")
         return problems
 
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        return trainable_at(task - 1) if task >= 1 else {}
+    def init_state(self, trainable: Params) -> Params:
+        # A copy from the start (run-static shapes); unused during task 0.
+        return jax.tree.map(jnp.copy, trainable)
 
     def begin_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
@@ -63,11 +64,18 @@ class LwF(Method):
         task: TaskSpec,
     ) -> tuple[jax.Array, jax.Array | None]:
         logits, _ = net.apply(partition.merge(trainable, frozen), images, task.head_sizes)
-        if task.index == 0 or task.offset == 0:
-            return logits, None
-        old, _ = net.apply(partition.merge(state, frozen), images, task.head_sizes[:-1])
         m = self.cfg.method
-        distill = losses.lwf_distillation(
-            logits[:, : task.offset], old[:, : task.offset], m.lwf_temperature
+
+        def distill(_):
+            old, _ = net.apply(partition.merge(state, frozen), images, task.head_sizes)
+            old_classes = jnp.arange(logits.shape[-1]) < task.offset
+            d = losses.lwf_distillation(
+                logits, old, m.lwf_temperature, where=jnp.broadcast_to(old_classes, logits.shape)
+            )
+            return m.lwf_weight * jnp.mean(d)
+
+        # Task 0 (no old classes) skips the copy's forward pass: a branch, not a select.
+        extra = jax.lax.cond(
+            jnp.asarray(task.offset) > 0, distill, lambda _: jnp.zeros([], logits.dtype), None
         )
-        return logits, m.lwf_weight * jnp.mean(distill)
+        return logits, extra

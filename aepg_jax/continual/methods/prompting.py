@@ -137,10 +137,11 @@ class PromptMethod(Method):
         raise NotImplementedError
 
     def prefixes(
-        self, q: jax.Array, prompts: Params, task: int, train: bool
+        self, q: jax.Array, prompts: Params, task: jax.Array | int, train: bool
     ) -> tuple[vit.Prefixes, jax.Array | None]:
         """Per-block prefixes for query `q` (B, D) while training task `task` (train) or after
-        it (evaluation over tasks 0..task), and the method's loss term (None: none)."""
+        it (evaluation over tasks 0..task), and the method's loss term (None: none). `task`
+        may be traced (one program serves every task)."""
         raise NotImplementedError
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
@@ -156,15 +157,16 @@ class PromptMethod(Method):
         frozen: Params,
         images: jax.Array,
         q: jax.Array,
-        head_sizes: tuple[int, ...],
+        task: TaskSpec,
         train: bool,
     ) -> tuple[jax.Array, jax.Array | None]:
-        """Logits of the prompted backbone for a given query, and the method's loss term."""
+        """Logits of the prompted backbone (every head) for a given query, and the method's
+        loss term."""
         chex.assert_shape(q, (images.shape[0], self.width))
         rest = {k: v for k, v in trainable.items() if k != PROMPT}
-        prefixes, extra = self.prefixes(q, trainable[PROMPT], len(head_sizes) - 1, train)
+        prefixes, extra = self.prefixes(q, trainable[PROMPT], task.index, train)
         params = partition.merge(rest, frozen)
-        logits, _ = backbone_network(net).apply(params, images, head_sizes, prefixes)
+        logits, _ = backbone_network(net).apply(params, images, task.head_sizes, prefixes)
         return logits, extra
 
     def forward(
@@ -177,7 +179,7 @@ class PromptMethod(Method):
         task: TaskSpec,
     ) -> tuple[jax.Array, jax.Array | None]:
         q = query(net, frozen, images)
-        return self.prompted(net, trainable, frozen, images, q, task.head_sizes, train=True)
+        return self.prompted(net, trainable, frozen, images, q, task, train=True)
 
     def predict(
         self,
@@ -186,10 +188,9 @@ class PromptMethod(Method):
         frozen: Params,
         state: Params,
         images: jax.Array,
-        head_sizes: tuple[int, ...],
-        num_seen: int,
+        task: TaskSpec,
     ) -> tuple[dict[str, jax.Array], jax.Array]:
         q = query(net, frozen, images)
-        logits, _ = self.prompted(net, trainable, frozen, images, q, head_sizes, train=False)
-        logits = logits[:, :num_seen]
+        logits, _ = self.prompted(net, trainable, frozen, images, q, task, train=False)
+        logits = base.mask_unseen(logits, task)
         return {"model": softmax_probs(logits)}, logits

@@ -1,0 +1,69 @@
+"""One compilation per program per run (issue 30): the number of compilations of a run does not
+grow with its number of tasks, for the default config and the LAE, CODA-P and InfLoRA test
+configs; the count is in results.json."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import jax
+import pytest
+from tiny import apply_overrides, tiny_config
+
+from aepg_jax.continual import loop
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PROGRAMS = ("jit(step)", "jit(multi_step)", "jit(eval_step)", "jit(_covariance_sums)")
+
+
+def default_config(cache, **overrides):
+    spec = importlib.util.spec_from_file_location("default_cfg", ROOT / "configs" / "default.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config()
+    c.data.cache_dir = str(cache)
+    return apply_overrides(c, overrides)
+
+
+def _compilations(make, tmp_path, tasks: int, **overrides) -> dict:
+    jax.clear_caches()  # each run compiles its programs anew, as a fresh process would
+    cfg = make(
+        tmp_path / "cache",
+        **{"data.num_tasks": tasks, "max_steps_per_task": 3, "log_every_steps": 1, **overrides},
+    )
+    workdir = tmp_path / f"run{tasks}"
+    results = loop.run(cfg, str(workdir))
+    on_disk = json.loads((workdir / "results.json").read_text())["compilations"]
+    assert on_disk == results["compilations"]
+    return results["compilations"]
+
+
+def _same_count(make, tmp_path, **overrides) -> None:
+    two = _compilations(make, tmp_path, 2, **overrides)
+    five = _compilations(make, tmp_path, 5, **overrides)
+    # The run's programs (the train step, the evaluation, a method's own) compile once each.
+    run_programs = {k: v["count"] for k, v in two["programs"].items() if k in PROGRAMS}
+    assert run_programs.get("jit(step)") == 1 and run_programs.get("jit(eval_step)") == 1
+    assert {k: v["count"] for k, v in five["programs"].items() if k in PROGRAMS} == run_programs
+    # Small eager ops (parameter initialisation, host-side copies) compile once per shape: a
+    # few more or fewer with other head sizes, never more with more tasks.
+    assert 0 < five["count"] <= two["count"], (two["programs"], five["programs"])
+
+
+def test_default_config_compiles_as_often_with_5_tasks_as_with_2(tmp_path):
+    _same_count(default_config, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"method.name": "lae"},
+        {"method.name": "coda_prompt", "method.coda_blocks": (0, 1), "method.coda_pool_size": 10},
+        {"method.name": "inflora", "method.inflora_blocks": (0, 1)},
+    ],
+)
+def test_method_test_configs_compile_as_often_with_5_tasks_as_with_2(tmp_path, overrides):
+    _same_count(tiny_config, tmp_path, **overrides)
