@@ -11,10 +11,10 @@ with `jax.make_array_from_process_local_data` (one device or many, one host or m
 
 Each batch is a dict `{"image": uint8 (B, S, S, 3), "label": int32 (B,), "mask": bool (B,)}`;
 host reads run a few batches ahead in background threads, each gathering its batch in one
-copy into a fresh 64-byte-aligned buffer (which the CPU backend then aliases rather than
-copies). Training with a sequence of seeds (vmapped multi-seed runs) stacks one batch per
-seed: `(num_seeds, B, ...)`, the seed axis replicated and the batch axis sharded
-(`seeds_batch_sharding`).
+copy into a 64-byte-aligned buffer (which the CPU backend then aliases rather than copies; a
+buffer is reused once the arrays made from it are gone). Training with a sequence of seeds
+(vmapped multi-seed runs) stacks one batch per seed: `(num_seeds, B, ...)`, the seed axis
+replicated and the batch axis sharded (`seeds_batch_sharding`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import os
+import sys
+import threading
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -76,17 +78,30 @@ def _host_slice(rows: np.ndarray) -> np.ndarray:
 _ALIGN = 64  # XLA's CPU client aliases a host buffer aligned to 64 bytes instead of copying it
 
 
-def _empty(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """An uninitialised array whose data starts on a 64-byte boundary.
+class _Buffers:
+    """64-byte-aligned host batch buffers of one shape, each reused once only the pool holds it.
 
-    On CPU the global array then aliases it (no copy in `make_array_from_process_local_data`),
-    so every batch gets a fresh one and none is ever written again after it is yielded.
+    Aligned, the CPU backend aliases a buffer instead of copying it; JAX then keeps a
+    reference to it for as long as the array lives (on GPU until its transfer is done), so a
+    buffer that nothing but this pool refers to is free to be written again.
     """
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+    def __init__(self, shape: tuple[int, ...], dtype) -> None:
+        self._shape, self._dtype = shape, np.dtype(dtype)
+        self._nbytes = int(np.prod(shape)) * self._dtype.itemsize
+        self._raw: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> np.ndarray:
+        with self._lock:  # the view made below holds `raw` before another thread looks
+            for raw in self._raw:
+                if sys.getrefcount(raw) <= 3:  # the list, `raw` and getrefcount's argument
+                    break
+            else:
+                raw = np.empty(self._nbytes + _ALIGN, np.uint8)
+                self._raw.append(raw)
+            start = -raw.ctypes.data % _ALIGN
+            return raw[start : start + self._nbytes].view(self._dtype).reshape(self._shape)
 
 
 def _read(images: np.ndarray, labels: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -138,10 +153,12 @@ def iterate(
     sharding = seeds_batch_sharding(mesh) if stacked else batch_sharding(mesh)
     local = batch_size // jax.process_count()
 
+    buffers = _Buffers((len(orders), local, *images.shape[1:]), images.dtype)
+
     def host_batch(b: int):
         batch = slice(b * batch_size, (b + 1) * batch_size)
         mask = _host_slice(valid[batch])
-        image = _empty((len(orders), local, *images.shape[1:]), images.dtype)
+        image = buffers.take()
         label = np.stack(
             [_read(images, labels, _host_slice(o[batch]), image[k]) for k, o in enumerate(orders)]
         )
