@@ -7,7 +7,7 @@ warms the page cache, then times over the same epoch order (`loader.epoch_order`
 * memcpy: contiguous copies of a batch's bytes from the memory map (the ceiling),
 * sorted gather: `np.take` of a batch's sorted rows into a preallocated buffer,
 * old loader: the loader before issue 26 (kept below as the baseline),
-* new loader: `aepg_jax.data.loader.iterate`,
+* new loader: `aepg_jax.data.loader.iterate` (default threads, and with one thread),
 
 each in `--rounds` interleaved rounds of `--batches` batches (median reported; the machine may be
 shared, so the load average is printed beside). H100 consumption = bf16 peak x the plan's MFU /
@@ -108,7 +108,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=24000)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--batches", type=int, default=40, help="per method and round")
+    p.add_argument("--batches", type=int, default=0, help="per method and round (0: an epoch)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--gflop_per_img", type=float, default=71.71)
     p.add_argument("--json", default="", help="also write the results to this file")
@@ -118,7 +118,7 @@ def main() -> None:
     warm_s = warm(images)
     mesh = loader.data_mesh(jax.local_devices()[:1])
     order = loader.epoch_order(np.arange(a.n), 0, 0)
-    k = min(a.batches, a.n // a.batch)
+    k = min(a.batches or a.n, a.n // a.batch)
     indices = order[: k * a.batch]  # the first k batches of an epoch: same rows for every method
     sub = np.sort(indices)  # an epoch over these rows (own permutation) for the loaders
     buf = np.empty((a.batch, *images.shape[1:]), images.dtype)
@@ -137,6 +137,9 @@ def main() -> None:
         "memcpy (ceiling)": lambda: timed(memcpy()),
         "sorted gather": lambda: timed(sorted_gather()),
         "old loader": lambda: timed(old_iterate(images, labels, sub, a.batch, mesh)),
+        "new, 1 thread": lambda: timed(
+            loader.iterate(images, labels, sub, a.batch, mesh, train=True, workers=1)
+        ),
         "new loader": lambda: timed(loader.iterate(images, labels, sub, a.batch, mesh, train=True)),
     }
     load_before = os.getloadavg()

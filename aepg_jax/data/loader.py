@@ -108,8 +108,12 @@ def _read(images: np.ndarray, labels: np.ndarray, rows: np.ndarray, out: np.ndar
     """`out[i] = images[rows[i]]` in one copy (no temporary; numpy drops the GIL meanwhile).
 
     `mode="clip"` only because `take` buffers `out` in its default mode; rows are in range.
+    Anything else that indexes like an array (a wrapper with `__getitem__`) is indexed.
     """
-    np.take(images, rows, axis=0, out=out, mode="clip")
+    if isinstance(images, np.ndarray):
+        np.take(images, rows, axis=0, out=out, mode="clip")
+    else:
+        out[...] = images[rows]
     return labels[rows].astype(np.int32)
 
 
