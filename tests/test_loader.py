@@ -166,3 +166,26 @@ def test_a_seed_list_stacks_each_seeds_own_batches():
     assert not np.array_equal(stacked[0]["label"][0], stacked[0]["label"][1])
     with pytest.raises(ValueError, match="Evaluation batches take no seeds"):
         next(loader.iterate(images, labels, np.arange(N), 8, mesh, train=False, seed=[1, 2]))
+
+
+def test_reused_buffers_never_change_a_batch_still_held():
+    """Dropped batches free their buffers for reuse; held ones (and views of them) stay intact."""
+    images, labels = _data(n=200, size=8)
+    mesh = loader.data_mesh()
+
+    def run(**kw):
+        return loader.iterate(images, labels, np.arange(200), 8, mesh, train=True, seed=5, **kw)
+
+    held = list(run(workers=1, prefetch=1))
+    views = []
+    for b, batch in enumerate(run(workers=2, prefetch=3)):  # each batch dropped after its turn
+        image = np.asarray(batch["image"])
+        np.testing.assert_array_equal(image, held[b]["image"])
+        if b % 5 == 0:
+            views.append((b, image))  # a host view of a batch keeps its buffer from reuse
+    for b, image in views:
+        np.testing.assert_array_equal(image, held[b]["image"])
+    for b, batch in enumerate(held):
+        rows = loader.epoch_order(np.arange(200), 5, 0)[b * 8 : (b + 1) * 8]
+        np.testing.assert_array_equal(np.asarray(batch["image"]), images[rows])
+        np.testing.assert_array_equal(np.asarray(batch["label"]), labels[rows])

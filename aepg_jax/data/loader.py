@@ -10,8 +10,10 @@ with `jax.make_array_from_process_local_data` (one device or many, one host or m
   the split's first example) and `mask` marks the real rows.
 
 Each batch is a dict `{"image": uint8 (B, S, S, 3), "label": int32 (B,), "mask": bool (B,)}`;
-host reads run one or two batches ahead in a background thread. Training with a sequence of
-seeds (vmapped multi-seed runs) stacks one batch per seed: `(num_seeds, B, ...)`, the seed axis
+host reads run a few batches ahead in background threads, each gathering its batch in one
+copy into a 64-byte-aligned buffer (which the CPU backend then aliases rather than copies; a
+buffer is reused once the arrays made from it are gone). Training with a sequence of seeds
+(vmapped multi-seed runs) stacks one batch per seed: `(num_seeds, B, ...)`, the seed axis
 replicated and the batch axis sharded (`seeds_batch_sharding`).
 """
 
@@ -19,6 +21,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import os
+import sys
+import threading
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -70,11 +75,46 @@ def _host_slice(rows: np.ndarray) -> np.ndarray:
     return rows[start : start + per_host]
 
 
-def _read(images: np.ndarray, labels: np.ndarray, rows: np.ndarray, valid: np.ndarray):
-    order = np.argsort(rows, kind="stable")  # sorted reads are friendlier to the page cache
-    gathered = np.empty((len(rows), *images.shape[1:]), images.dtype)
-    gathered[order] = images[rows[order]]
-    return gathered, labels[rows].astype(np.int32), valid
+_ALIGN = 64  # XLA's CPU client aliases a host buffer aligned to 64 bytes instead of copying it
+
+
+class _Buffers:
+    """64-byte-aligned host batch buffers of one shape, each reused once only the pool holds it.
+
+    Aligned, the CPU backend aliases a buffer instead of copying it; JAX then keeps a
+    reference to it for as long as the array lives (on GPU until its transfer is done), so a
+    buffer that nothing but this pool refers to is free to be written again.
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype) -> None:
+        self._shape, self._dtype = shape, np.dtype(dtype)
+        self._nbytes = int(np.prod(shape)) * self._dtype.itemsize
+        self._raw: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> np.ndarray:
+        with self._lock:  # the view made below holds `raw` before another thread looks
+            for raw in self._raw:
+                if sys.getrefcount(raw) <= 3:  # the list, `raw` and getrefcount's argument
+                    break
+            else:
+                raw = np.empty(self._nbytes + _ALIGN, np.uint8)
+                self._raw.append(raw)
+            start = -raw.ctypes.data % _ALIGN
+            return raw[start : start + self._nbytes].view(self._dtype).reshape(self._shape)
+
+
+def _read(images: np.ndarray, labels: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """`out[i] = images[rows[i]]` in one copy (no temporary; numpy drops the GIL meanwhile).
+
+    `mode="clip"` only because `take` buffers `out` in its default mode; rows are in range.
+    Anything else that indexes like an array (a wrapper with `__getitem__`) is indexed.
+    """
+    if isinstance(images, np.ndarray):
+        np.take(images, rows, axis=0, out=out, mode="clip")
+    else:
+        out[...] = images[rows]
+    return labels[rows].astype(np.int32)
 
 
 def iterate(
@@ -88,13 +128,16 @@ def iterate(
     seed: int | Sequence[int] = 0,
     epoch: int = 0,
     start: int = 0,
-    prefetch: int = 2,
+    prefetch: int = 4,
+    workers: int | None = None,
 ) -> Iterator[dict[str, jax.Array]]:
     """Global batches of `images[indices]` with `labels[indices]` (see the module docstring).
 
     `seed` a sequence (training only): one batch per seed, stacked on a leading axis, seed i's
     batch being exactly the batch `iterate(..., seed=seed[i])` yields. `start` skips the
-    epoch's first batches without reading them (resuming mid-epoch).
+    epoch's first batches without reading them (resuming mid-epoch). Host reads run up to
+    `prefetch` batches ahead in `workers` threads (default: up to 4, one per CPU); batches are
+    yielded in order, so neither changes what is yielded.
     """
     check_batch_size(batch_size, mesh)
     indices = np.asarray(indices, np.int64)
@@ -114,15 +157,18 @@ def iterate(
     sharding = seeds_batch_sharding(mesh) if stacked else batch_sharding(mesh)
     local = batch_size // jax.process_count()
 
+    buffers = _Buffers((len(orders), local, *images.shape[1:]), images.dtype)
+
     def host_batch(b: int):
-        mask = _host_slice(valid[b * batch_size : (b + 1) * batch_size])
-        parts = [
-            _read(images, labels, _host_slice(order[b * batch_size : (b + 1) * batch_size]), mask)
-            for order in orders
-        ]
+        batch = slice(b * batch_size, (b + 1) * batch_size)
+        mask = _host_slice(valid[batch])
+        image = buffers.take()
+        label = np.stack(
+            [_read(images, labels, _host_slice(o[batch]), image[k]) for k, o in enumerate(orders)]
+        )
         if not stacked:
-            return parts[0]
-        return tuple(np.stack(xs) for xs in zip(*parts, strict=True))
+            return image[0], label[0], mask
+        return image, label, np.stack([mask] * len(orders))
 
     def to_global(x: np.ndarray) -> jax.Array:
         lead = x.shape[:1] if stacked else ()
@@ -130,7 +176,10 @@ def iterate(
         assert x.shape[len(lead)] == local, (x.shape, local)
         return jax.make_array_from_process_local_data(sharding, x, shape)
 
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    if workers is None:
+        workers = min(4, os.cpu_count() or 1)
+    prefetch = max(prefetch, workers, 1)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         first = min(start, count)
         pending = collections.deque(
             pool.submit(host_batch, b) for b in range(first, min(first + prefetch, count))
