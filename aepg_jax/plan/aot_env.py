@@ -7,7 +7,8 @@ its own beside `.venv`; when a TPU or GPU target is asked for and the extra is n
 here, the planner re-executes itself with `.venv-aot`'s Python, or ends with one line saying how
 to install it. `--target=cpu` alone needs no extra.
 
-Runs before jax is imported (`plan/__main__.py`): only the standard library here.
+Runs before jax is imported (`plan/__main__.py`): the standard library and `targets.kind` only.
+A `--target` that is not a target needs no extra: the planner's own parse names it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from aepg_jax.plan import targets
 
 AOT_VENV = ".venv-aot"
 MODULES = {"tpu": "libtpu", "gpu": "jax_plugins.xla_cuda13"}
@@ -43,7 +46,7 @@ def target_kinds(argv: Sequence[str]) -> set[str]:
             take = True
         elif arg.startswith(("--target=", "-target=")):
             values.append(arg.split("=", 1)[1])
-    return {v.split(":", 1)[0].split("-", 1)[0] for v in values}
+    return {k for k in map(targets.kind, values) if k}
 
 
 def aot_python(root: Path | None = None) -> Path:

@@ -26,8 +26,10 @@ import dataclasses
 import functools
 import os
 import re
+from typing import TYPE_CHECKING
 
-import jax
+if TYPE_CHECKING:
+    import jax
 
 GiB = 1024**3
 
@@ -240,6 +242,28 @@ def _gpu_devices(chip: str, per_host: int, hosts: int) -> tuple:
     return tuple(topo.devices)
 
 
+_GPU_TARGET = r"gpu:(h100|a100)(?:x(\d+))?(?::(\d+))?"
+
+
+def _jax():
+    """jax, imported on first use: `kind` serves `aot_env`, which runs before jax may load."""
+    import jax
+
+    return jax
+
+
+def kind(spec: str) -> str | None:
+    """`tpu`, `gpu` or `cpu` for a well-formed `--target` spec, None for anything else."""
+    parts = spec.split(":")
+    if parts[0] == "tpu" and len(parts) == 2 and parts[1] in TPU_ALIASES:
+        return "tpu"
+    if parts[0] == "tpu" and len(parts) == 3 and parts[1] in _TPU_NAMES:
+        return "tpu"
+    if re.fullmatch(_GPU_TARGET, spec):
+        return "gpu"
+    return "cpu" if spec == "cpu" else None
+
+
 def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
@@ -257,9 +281,9 @@ def parse(spec: str) -> Target:
         label = f"{alias} ({topology}, {n} chips, {hosts} host{'s' * (hosts > 1)})"
         return Target(spec, label, gen, CHIPS[gen], devices, hosts)
     if spec == "cpu":  # the host itself: checks the plan's machinery without the extra
-        devices = tuple(jax.devices("cpu"))
+        devices = tuple(_jax().devices("cpu"))
         return Target(spec, f"host CPU ({len(devices)} devices)", "cpu", CHIPS["cpu"], devices, 1)
-    m = re.fullmatch(r"gpu:(h100|a100)(?:x(\d+))?(?::(\d+))?", spec)
+    m = re.fullmatch(_GPU_TARGET, spec)
     if m:
         chip, per_host, hosts = m.group(1), int(m.group(2) or 1), int(m.group(3) or 1)
         if per_host < 1 or hosts < 1:
@@ -276,4 +300,4 @@ def parse(spec: str) -> Target:
 
 def cpu_device() -> jax.Device:
     """The host's first CPU device (global FLOP counts come from programs lowered for it)."""
-    return jax.devices("cpu")[0]
+    return _jax().devices("cpu")[0]
