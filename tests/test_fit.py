@@ -33,7 +33,8 @@ def test_a_step_that_cannot_fit_exits_2_in_one_line_before_training(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert time.time() - start < 120  # a minute on an idle machine, more under load
+    # 21 s on the idle 2-core machine (2026-11-25); the bound leaves room for a loaded one.
+    assert time.time() - start < 240
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "needs" in lines[0] and "GiB" in lines[0] and "--max_batch" in lines[0]

@@ -21,7 +21,6 @@ import jax
 from aepg_jax.continual import train_step as ts
 from aepg_jax.continual import training
 from aepg_jax.continual.setup import Run
-from aepg_jax.data import loader
 
 ENV = "AEPG_FIT_CHECK"
 GIB = 2**30
@@ -76,19 +75,7 @@ def device_available(device: jax.Device) -> int | None:
 
 def step_needs(run: Run, t: int, state: ts.TrainState) -> int | None:
     """Bytes the compiled train step needs beyond its arguments (None: no memory analysis)."""
-    task = run.data.tasks.tasks[t]
-    batch = next(
-        loader.iterate(
-            run.data.train.images,
-            run.data.tasks.train_labels,
-            task.train_indices,
-            run.cfg.optim.batch_size,
-            run.mesh,
-            train=True,
-            seed=list(run.axis.seeds) if run.axis.vmapped else run.axis.seeds[0],
-            epoch=0,
-        )
-    )
+    batch = next(training.train_batches(run, t, epoch=0))
     step = training.task_step_fn(run, t)
 
     def fit_check_step(*args):

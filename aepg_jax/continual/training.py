@@ -167,25 +167,30 @@ def _jitted(run: Run, name: str, fn: Callable) -> Callable:
     return cache[key][1]
 
 
+def train_batches(run: Run, t: int, epoch: int, start: int = 0):
+    """Task t's training batches of `epoch` (within the task) from the host loader, from batch
+    `start` on; a seed axis first when seeds are vmapped."""
+    seeds = run.axis.seeds
+    return loader.iterate(
+        run.data.train.images,
+        run.data.tasks.train_labels,
+        run.data.tasks.tasks[t].train_indices,
+        run.cfg.optim.batch_size,
+        run.mesh,
+        train=True,
+        seed=list(seeds) if run.axis.vmapped else seeds[0],
+        epoch=t * 100_000 + epoch,
+        start=start,
+    )
+
+
 def _step_chunks(run: Run, run_step: Callable, t: int, plan: TaskPlan, state, step: int) -> Chunks:
     """One jitted step per batch from the host loader; yields (state, step, 1, metrics)."""
-    task = run.data.tasks.tasks[t]
     jit_step = _jitted(run, "step", run_step)
     spec, total = task_args(run, t)
-    seeds = run.axis.seeds
     while step < plan.total_steps:
         epoch = step // plan.steps_per_epoch
-        for batch in loader.iterate(
-            run.data.train.images,
-            run.data.tasks.train_labels,
-            task.train_indices,
-            run.cfg.optim.batch_size,
-            run.mesh,
-            train=True,
-            seed=list(seeds) if run.axis.vmapped else seeds[0],
-            epoch=t * 100_000 + epoch,
-            start=step - epoch * plan.steps_per_epoch,
-        ):
+        for batch in train_batches(run, t, epoch, start=step - epoch * plan.steps_per_epoch):
             state, m = jit_step(state, run.frozen, batch, spec, total)
             step += 1
             yield state, step, 1, m
