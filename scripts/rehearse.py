@@ -15,7 +15,8 @@ check, training, evaluation, checkpoint per task); this process samples the chil
 anonymous RSS (`/proc/<pid>/status` VmRSS, RssAnon) every `--interval` s. Per phase: wall time,
 peak RSS, disk added (cache dir + workdir); per task: RSS and anonymous RSS when its evaluation
 ends. Further `--config.*` flags go to the run. Prints Markdown tables and writes
-`ROOT/rehearsal-NAME.json`. Cache and run directories live under ROOT (`ROOT/cache`, `ROOT/runs/NAME`), never in the repository.
+`ROOT/rehearsal-NAME.json`. Cache and run directories live under ROOT (`ROOT/cache`,
+`ROOT/runs/NAME`), never in the repository.
 """
 
 from __future__ import annotations
