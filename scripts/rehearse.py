@@ -225,6 +225,8 @@ def summarise(events: list[dict], samples: list[tuple[float, int, int]], start: 
         "last_rss_gib": end_rss[0] / gib,
         "last_anon_gib": end_rss[1] / gib,
         "samples": len(samples),
+        # (seconds since start, RSS GiB, anonymous RSS GiB): what the per-task rows summarise.
+        "series": [(round(t - start, 2), r / gib, a / gib) for t, r, a in samples],
     }
 
 
@@ -264,6 +266,21 @@ def rehearse(name: str, args: argparse.Namespace) -> dict:
     return {"dataset": name, "phases": rows + run.pop("phases"), "run": run}
 
 
+def _size(gib: float | None) -> str:
+    """GiB, or MiB below 0.1 GiB (a checkpoint of the narrow model is a few MiB)."""
+    if gib is None:
+        return ""
+    return f"{gib:.2f} GiB" if gib >= 0.1 or gib == 0 else f"{gib * 1024:.1f} MiB"
+
+
+def _compiles(c: dict | None) -> str:
+    """The run's compilations (results.json): all programs, and the train/eval steps."""
+    if not c:
+        return "compilations not reported"
+    steps = {k: v["count"] for k, v in c["programs"].items() if k.endswith("step)")}
+    return f"{c['count']} compilations ({c['seconds']:.1f} s), of which {steps}"
+
+
 def table(result: dict) -> str:
     """Markdown: one row per phase, then RSS per task."""
     f = lambda v, fmt: "" if v is None else format(v, fmt)
@@ -275,14 +292,14 @@ def table(result: dict) -> str:
     for p in result["phases"]:
         lines.append(
             f"| {p['phase']} | {p.get('calls', 1)} | {f(p['wall_s'], '.1f')} s | "
-            f"{f(p.get('peak_rss_gib'), '.2f')} GiB | {f(p.get('disk_gib'), '.2f')} GiB |"
+            f"{_size(p.get('peak_rss_gib'))} | {_size(p.get('disk_gib'))} |"
         )
     run = result["run"]
     if run:
         lines += [
             "",
             f"run: exit {run['exit']}, wall {run['wall_s']:.0f} s, peak RSS "
-            f"{run['peak_rss_gib']:.2f} GiB, compilations {run['compilations']}",
+            f"{run['peak_rss_gib']:.2f} GiB, {_compiles(run['compilations'])}",
             "",
             "| task | at | RSS | anonymous RSS | peak RSS so far |",
             "|---|---|---|---|---|",
