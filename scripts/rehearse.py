@@ -312,6 +312,11 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="+", help=f"of {sorted(CONFIGS)}")
@@ -326,7 +331,14 @@ def main() -> None:
     args, args.extra = parser.parse_known_args()
     unknown = sorted(set(args.names) - set(CONFIGS))
     if unknown:
-        sys.exit(f"error: unknown dataset(s) {unknown}: choose from {sorted(CONFIGS)}")
+        _fail(f"unknown dataset(s) {unknown}: choose from {sorted(CONFIGS)}")
+    for name in args.names:
+        archive = os.path.join(args.archives, bench_prepare.ARCHIVES[name])
+        for path in (archive, f"{archive}.checksums.tsv"):
+            if not os.path.isfile(path):
+                _fail(
+                    f"--archives: {path} not found (scripts/make_synthetic_archives.py writes both)"
+                )
     code = 0
     for name in args.names:
         result = rehearse(name, args)

@@ -45,6 +45,17 @@ def test_summarise_phases_and_rss_at_the_end_of_each_task():
     )
 
 
+def test_missing_archive_is_one_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(
+        sys, "argv", ["rehearse.py", "imagenet_r", f"--archives={tmp_path}", f"--root={tmp_path}"]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        rehearse.main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1
+    assert err[0].startswith("error: --archives:") and "imagenet-r.tar" in err[0]
+
+
 @pytest.mark.slow
 def test_tiny_rehearsal_end_to_end(tmp_path, monkeypatch):
     """A 404-image Food-101 archive in the official layout, prepared and run through every
