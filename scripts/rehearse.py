@@ -128,9 +128,10 @@ def run_config(name: str, root: str, steps: int, extra: list[str], interval: flo
     events_path = os.path.join(root, f"rehearsal-{name}.events.jsonl")
     if os.path.exists(events_path):
         os.remove(events_path)
-    env = dict(
-        os.environ, REHEARSE_EVENTS=events_path, REHEARSE_DIRS=os.pathsep.join([cache_dir, workdir])
-    )
+    # The dataset's own cache (other datasets' caches in ROOT/cache are not its disk use).
+    dirs = [os.path.join(cache_dir, name), workdir]
+    disk_start = sum(bench_prepare.du(d) for d in dirs)
+    env = dict(os.environ, REHEARSE_EVENTS=events_path, REHEARSE_DIRS=os.pathsep.join(dirs))
     args = [
         f"--config={CONFIGS[name]}",
         *NARROW,
@@ -172,11 +173,13 @@ def run_config(name: str, root: str, steps: int, extra: list[str], interval: flo
         "peak_rss_gib": usage.ru_maxrss / 2**20,
         "compilations": results.get("compilations"),
         "start": start,
-        **summarise(events, samples, start),
+        **summarise(events, samples, start, disk_start),
     }
 
 
-def summarise(events: list[dict], samples: list[tuple[float, int, int]], start: float) -> dict:
+def summarise(
+    events: list[dict], samples: list[tuple[float, int, int]], start: float, disk_start: int = 0
+) -> dict:
     """Per phase (summed over tasks) and per task: wall, peak RSS in the windows, disk added."""
     gib = 2**30
 
@@ -189,7 +192,7 @@ def summarise(events: list[dict], samples: list[tuple[float, int, int]], start: 
         return (before[-1][1] / gib, before[-1][2] / gib) if before else None
 
     phases: dict[str, dict] = {}
-    disk_before = 0
+    disk_before = disk_start
     for e in sorted(events, key=lambda e: e["end"]):
         p = phases.setdefault(
             e["phase"],

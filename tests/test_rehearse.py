@@ -40,6 +40,9 @@ def test_summarise_phases_and_rss_at_the_end_of_each_task():
     assert [t["task"] for t in out["tasks"]] == [1, 2]
     assert [t["rss_gib"] for t in out["tasks"]] == [samples[6][1] / gib, samples[8][1] / gib]
     assert [t["anon_gib"] for t in out["tasks"]] == [samples[6][2] / gib, samples[8][2] / gib]
+    # Disk already there before the run (another dataset's cache) is not the run's.
+    later = rehearse.summarise(events, samples, t0, disk_start=gib)
+    assert {p["phase"]: p["disk_gib"] for p in later["phases"]}["cache build"] == 2
     assert "| evaluation | 2 |" in rehearse.table(
         {"dataset": "x", "phases": out["phases"], "run": None}
     )
