@@ -1,0 +1,102 @@
+"""scripts/rehearse.py: RSS sampling, phase and task summaries, a tiny rehearsal (slow)."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import make_synthetic_archives
+import rehearse
+
+
+def test_status_reads_rss_and_anonymous_rss():
+    rss, anon = rehearse._status(os.getpid())
+    assert 0 < anon <= rss
+    assert rehearse._status(2**22 + 12345) is None  # no such process
+
+
+def test_summarise_phases_and_rss_at_the_end_of_each_task():
+    t0 = 1000.0
+    gib = 2**30
+    samples = [(t0 + k, (1 + k) * gib, k * gib // 2) for k in range(10)]
+    events = [
+        {"phase": "cache build", "task": None, "start": t0, "end": t0 + 2.5, "disk": 3 * gib},
+        {"phase": "setup", "task": None, "start": t0, "end": t0 + 3.5, "disk": 3 * gib},
+        {"phase": "training steps", "task": 0, "start": t0 + 3.5, "end": t0 + 5.5, "disk": 3 * gib},
+        {"phase": "evaluation", "task": 0, "start": t0 + 5.5, "end": t0 + 6.5, "disk": 3 * gib},
+        {"phase": "checkpoint", "task": None, "start": t0 + 6.5, "end": t0 + 7.5, "disk": 4 * gib},
+        {"phase": "evaluation", "task": 1, "start": t0 + 7.5, "end": t0 + 8.5, "disk": 4 * gib},
+    ]
+    out = rehearse.summarise(events, samples, t0)
+    phases = {p["phase"]: p for p in out["phases"]}
+    assert phases["cache build"]["disk_gib"] == 3 and phases["checkpoint"]["disk_gib"] == 1
+    assert phases["setup"]["wall_s"] == pytest.approx(1.0)  # the cache build is not counted twice
+    assert phases["evaluation"]["calls"] == 2 and phases["evaluation"]["wall_s"] == pytest.approx(2)
+    # The RSS of a task is the last sample before its evaluation ended.
+    assert [t["task"] for t in out["tasks"]] == [1, 2]
+    assert [t["rss_gib"] for t in out["tasks"]] == [samples[6][1] / gib, samples[8][1] / gib]
+    assert [t["anon_gib"] for t in out["tasks"]] == [samples[6][2] / gib, samples[8][2] / gib]
+    # Disk already there before the run (another dataset's cache) is not the run's.
+    later = rehearse.summarise(events, samples, t0, disk_start=gib)
+    assert {p["phase"]: p["disk_gib"] for p in later["phases"]}["cache build"] == 2
+    assert "| evaluation | 2 |" in rehearse.table(
+        {"dataset": "x", "phases": out["phases"], "run": None}
+    )
+
+
+def test_missing_archive_is_one_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(
+        sys, "argv", ["rehearse.py", "imagenet_r", f"--archives={tmp_path}", f"--root={tmp_path}"]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        rehearse.main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1
+    assert err[0].startswith("error: --archives:") and "imagenet-r.tar" in err[0]
+
+
+@pytest.mark.slow
+def test_tiny_rehearsal_end_to_end(tmp_path, monkeypatch):
+    """A 404-image Food-101 archive in the official layout, prepared and run through every
+    phase of the 10-task config (small images: the mechanics, not the sizes, are tested)."""
+    archives = tmp_path / "archives"
+    make_synthetic_archives.make("food101", str(archives), scale=0.001)
+    root = tmp_path / "root"
+    flags = [
+        "--config.model.image_size=32",
+        "--config.model.patch_size=16",
+        "--config.data.store_size=32",
+        "--config.optim.batch_size=8",
+    ]
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "rehearse.py",
+            "food101",
+            f"--archives={archives}",
+            f"--root={root}",
+            "--steps=1",
+            "--interval=0.1",
+            *flags,
+        ],
+    )
+    start = time.time()
+    with pytest.raises(SystemExit) as exit_info:
+        rehearse.main()
+    assert exit_info.value.code == 0
+    result = json.loads((root / "rehearsal-food101.json").read_text())
+    phases = {p["phase"]: p for p in result["phases"]}
+    assert phases["archive check"]["ok"] and phases["preparation"]["exit"] == 0
+    assert phases["training steps"]["calls"] == 10 and phases["evaluation"]["calls"] == 10
+    assert phases["cache build"]["disk_gib"] > 0 and phases["checkpoint"]["disk_gib"] > 0
+    run = result["run"]
+    assert [t["task"] for t in run["tasks"]] == list(range(1, 11))
+    assert all(
+        0 < t["anon_gib"] <= t["rss_gib"] <= run["peak_rss_gib"] * 1.01 for t in run["tasks"]
+    )
+    assert run["wall_s"] < time.time() - start
