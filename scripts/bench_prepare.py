@@ -21,18 +21,11 @@ import time
 
 ARCHIVES = {"imagenet_r": "imagenet-r.tar", "food101": "food-101.tar.gz"}
 # Run in the child: tensorflow is not importable, then `python -m aepg_jax.prepare ARGS`.
-CHILD = """
+CHILD = f"""
 import runpy, sys
-class Hiding:  # a meta path finder that finds no tensorflow: as where it is not installed
-    def __init__(self, finder):
-        self.finder = finder
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            return None
-        return self.finder.find_spec(name, path, target)
-    def __getattr__(self, attr):
-        return getattr(self.finder, attr)
-sys.meta_path[:] = [Hiding(f) for f in sys.meta_path]
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import no_tensorflow
+sys.meta_path[:] = no_tensorflow.hidden_meta_path()
 sys.argv = ["aepg_jax.prepare", *sys.argv[1:]]
 runpy.run_module("aepg_jax.prepare", run_name="__main__")
 """

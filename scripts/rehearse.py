@@ -57,16 +57,10 @@ from aepg_jax.continual import loop, setup
 from aepg_jax.data import cache
 from aepg_jax.runs import checkpointing
 EVENTS, DIRS = os.environ["REHEARSE_EVENTS"], os.environ["REHEARSE_DIRS"].split(os.pathsep)
+sys.path.insert(0, os.environ["REHEARSE_SCRIPTS"])
+import bench_prepare
 def du():
-    n = 0
-    for d in DIRS:
-        for root, _, files in os.walk(d):
-            for f in files:
-                try:
-                    n += os.lstat(os.path.join(root, f)).st_size
-                except OSError:
-                    pass
-    return n
+    return sum(bench_prepare.du(d) for d in DIRS)
 def timed(phase, fn, task_arg=None):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -131,7 +125,12 @@ def run_config(name: str, root: str, steps: int, extra: list[str], interval: flo
     # The dataset's own cache (other datasets' caches in ROOT/cache are not its disk use).
     dirs = [os.path.join(cache_dir, name), workdir]
     disk_start = sum(bench_prepare.du(d) for d in dirs)
-    env = dict(os.environ, REHEARSE_EVENTS=events_path, REHEARSE_DIRS=os.pathsep.join(dirs))
+    env = dict(
+        os.environ,
+        REHEARSE_EVENTS=events_path,
+        REHEARSE_DIRS=os.pathsep.join(dirs),
+        REHEARSE_SCRIPTS=os.path.dirname(os.path.abspath(__file__)),
+    )
     args = [
         f"--config={CONFIGS[name]}",
         *NARROW,

@@ -30,28 +30,13 @@ from aepg_jax.prepare import shuffler
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_prepare
 import make_synthetic_archives
-
-
-class _Hiding:
-    """Wraps a meta path finder so it finds no tensorflow: `import tensorflow` fails and
-    `importlib.util.find_spec("tensorflow")` is None, as where it is not installed."""
-
-    def __init__(self, finder):
-        self.finder = finder
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            return None
-        return self.finder.find_spec(name, path, target)
-
-    def __getattr__(self, attr):
-        return getattr(self.finder, attr)
+from no_tensorflow import hidden_meta_path
 
 
 @pytest.fixture
 def no_tensorflow(monkeypatch):
     assert "tensorflow" not in sys.modules
-    monkeypatch.setattr(sys, "meta_path", [_Hiding(f) for f in sys.meta_path])
+    monkeypatch.setattr(sys, "meta_path", hidden_meta_path())
     assert importlib.util.find_spec("tensorflow") is None
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("tensorflow")

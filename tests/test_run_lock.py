@@ -150,7 +150,10 @@ def test_a_sigkilled_holder_is_taken_over_and_the_run_resumes_exactly(undisturbe
     config, expected = undisturbed
     first = _main(config, tmp_path / "run", wait=False)
     ckpts = tmp_path / "run" / "checkpoints"
-    _wait_for(lambda: ckpts.exists() and any(s.isdigit() and int(s) >= 4 for s in os.listdir(ckpts)), first)  # noqa: E501
+    _wait_for(
+        lambda: ckpts.exists() and any(s.isdigit() and int(s) >= 4 for s in os.listdir(ckpts)),
+        first,
+    )  # noqa: E501
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     assert not (tmp_path / "run" / "results.json").exists()
