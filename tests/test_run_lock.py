@@ -153,7 +153,7 @@ def test_a_sigkilled_holder_is_taken_over_and_the_run_resumes_exactly(undisturbe
     _wait_for(
         lambda: ckpts.exists() and any(s.isdigit() and int(s) >= 4 for s in os.listdir(ckpts)),
         first,
-    )  # noqa: E501
+    )
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     assert not (tmp_path / "run" / "results.json").exists()
