@@ -1,12 +1,12 @@
 """What a sweep's runs are doing, read from outside (`aepg_jax.sweep --status` / `--list`):
 
-    done      every run of the unit has its results
-    running   a live process holds its lock (`runs/lock.py`): that worker, since when, and the
-              task it is in (t of T, from metrics.jsonl's eval records and config.json)
-    failed    its last attempt failed: the error line (sweep_error.txt)
-    partial   started, not running now (resumes from its checkpoint when claimed)
-    todo      not started
-    unknown   no --workdir given: nothing to read
+done      every run of the unit has its results
+running   a live process holds its lock (`runs/lock.py`): that worker, since when, and the
+          task it is in (t of T, from metrics.jsonl's eval records and config.json)
+failed    its last attempt failed: the error line (sweep_error.txt)
+partial   started, not running now (resumes from its checkpoint when claimed)
+todo      not started
+unknown   no --workdir given: nothing to read
 """
 
 from __future__ import annotations
@@ -74,4 +74,3 @@ def counts(root: str | None, units) -> dict[str, int]:
         word = status(root, unit)[0]
         out[word] = out.get(word, 0) + 1
     return out
-
