@@ -31,12 +31,13 @@ import tqdm
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from aepg_jax import cli, config_lib, hosts, memory, progress
 from aepg_jax.checkpoints import augreg
+from aepg_jax.config import schema
 from aepg_jax.continual import loop
 from aepg_jax.runs import checkpointing, lock
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import trainer as scratch_trainer
+from aepg_jax.system import cli, hosts, memory, progress
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, configs/<name>.py[:args].", lock_config=True
@@ -61,7 +62,7 @@ EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
 
 # config.trainer -> (validate(cfg, num_devices), run(cfg, workdir)).
 TRAINERS = {
-    "continual": (config_lib.validate, loop.run),
+    "continual": (schema.validate, loop.run),
     "scratch": (scratch_config.validate, scratch_trainer.run),
 }
 

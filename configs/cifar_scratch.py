@@ -32,14 +32,14 @@ unless DIR is TFDS's default.
     python scripts/compare_scratch.py runs/scratch/cifar100-a*-s* --out fig4_cifar100.png
 """
 
-from aepg_jax import config_args
+from aepg_jax.config import arguments
 from aepg_jax.scratch import config as scratch_config
 
 DATASETS = ("cifar10", "cifar100")
 
 
 def get_config(arg=None):
-    a = config_args.parse_arg(
+    a = arguments.parse_arg(
         arg, dataset="cifar100", alpha=0.2, loss="mix", seed=0, model="resnet50"
     )
     if a.dataset not in DATASETS:

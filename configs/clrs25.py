@@ -15,7 +15,7 @@ Arguments (`configs/clrs25.py:key=value,...`, defaults in brackets):
 Data (required): CLRS is not in TFDS. Unpack it (ROOT/<class>/*, 25 class directories, 600
 images each, 256 px), check and copy it with `python -m aepg_jax.prepare clrs25 --source=ROOT
 --data_dir=DIR`, and pass `--config.data.data_dir=DIR/clrs25` (ROOT itself works too); the
-config leaves data.data_dir unset and `config_lib.validate` rejects it until you do. Train and
+config leaves data.data_dir unset and `schema.validate` rejects it until you do. Train and
 test are a stratified 80/20 split drawn by data.split_seed (0, the same for every run). Weights
 (required): the augreg `B_16-i21k-300ep-...-res_224.npz` of the paper's footnote (see
 configs/README.md), passed with `--config.model.checkpoint=$CKPT`.
@@ -53,12 +53,12 @@ configs/README.md), passed with `--config.model.checkpoint=$CKPT`.
     done; done
 """
 
-from aepg_jax import config_args
+from aepg_jax.config import arguments
 
 
 def get_config(arg=None):
-    a = config_args.parse_arg(arg, tasks=5, **config_args.PAPER_ARGS)
-    c = config_args.paper_config(a)
+    a = arguments.parse_arg(arg, tasks=5, **arguments.PAPER_ARGS)
+    c = arguments.paper_config(a)
     c.data.source = "folder"
     c.data.name = "clrs25"  # labels the decoded-image cache; data.data_dir comes from the user
     c.data.num_tasks = a.tasks

@@ -40,12 +40,12 @@ works too); add `--config.data.data_dir=DIR` unless DIR is TFDS's default. Weigh
     done; done
 """
 
-from aepg_jax import config_args
+from aepg_jax.config import arguments
 
 
 def get_config(arg=None):
-    a = config_args.parse_arg(arg, tasks=10, **config_args.PAPER_ARGS)
-    c = config_args.paper_config(a)
+    a = arguments.parse_arg(arg, tasks=10, **arguments.PAPER_ARGS)
+    c = arguments.paper_config(a)
     c.data.source = "tfds"
     c.data.name = "caltech_birds2011"
     c.data.num_tasks = a.tasks

@@ -1,7 +1,7 @@
 """Embedded default: runs offline on a 2-core CPU in a few minutes.
 
 A tiny ViT (patch 7, width 64, depth 4, 28 px), pretrained on Fashion-MNIST by
-`aepg_jax/pretrain.py` (the backbone ships with the package, fingerprint checked: nothing is
+`aepg_jax/models/pretrain.py` (the backbone ships with the package, fingerprint checked: nothing is
 pretrained; `scripts/make_shipped_backbone.py` regenerates it, `pretrain.shipped=False` pretrains
 locally), learns scikit-learn's digits class-incrementally (5 tasks x 2 classes) with LoRA + aEPG
 + LAE, and prints A_T and the accuracy matrix. Changing a `model.*` architecture, `pretrain.*` or
@@ -10,11 +10,11 @@ locally), learns scikit-learn's digits class-incrementally (5 tasks x 2 classes)
     .venv/bin/python -m aepg_jax.main --config=configs/default.py --workdir=runs/default
 """
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 
 
 def get_config():
-    c = config_lib.base_config("vit_tiny")
+    c = schema.base_config("vit_tiny")
     c.data.source = "digits"
     c.data.num_tasks = 5
     c.data.store_size = 28

@@ -18,7 +18,7 @@ Arguments (`configs/demo.py:key=value,...`, defaults in brackets):
 import importlib.util
 import pathlib
 
-from aepg_jax import config_args
+from aepg_jax.config import arguments
 from aepg_jax.continual import methods
 
 
@@ -31,7 +31,7 @@ def _default_config():
 
 
 def get_config(arg=None):
-    a = config_args.parse_arg(arg, method="lae", loss="aepg", seed=0)
+    a = arguments.parse_arg(arg, method="lae", loss="aepg", seed=0)
     c = _default_config()
     c.seed = a.seed
     c.method.name = a.method

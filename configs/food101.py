@@ -33,12 +33,12 @@ paper's footnote (see configs/README.md), passed with `--config.model.checkpoint
     done; done
 """
 
-from aepg_jax import config_args
+from aepg_jax.config import arguments
 
 
 def get_config(arg=None):
-    a = config_args.parse_arg(arg, tasks=10, **config_args.PAPER_ARGS)
-    c = config_args.paper_config(a)
+    a = arguments.parse_arg(arg, tasks=10, **arguments.PAPER_ARGS)
+    c = arguments.paper_config(a)
     c.data.source = "tfds"
     c.data.name = "food101"
     c.data.num_tasks = a.tasks

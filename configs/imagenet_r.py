@@ -109,12 +109,12 @@ data.split_seed). Each loop below reproduces one table or figure;
     done; done
 """
 
-from aepg_jax import config_args
+from aepg_jax.config import arguments
 
 
 def get_config(arg=None):
-    a = config_args.parse_arg(arg, tasks=10, **config_args.PAPER_ARGS)
-    c = config_args.paper_config(a)
+    a = arguments.parse_arg(arg, tasks=10, **arguments.PAPER_ARGS)
+    c = arguments.paper_config(a)
     c.data.source = "tfds"
     c.data.name = "imagenet_r"
     c.data.num_tasks = a.tasks

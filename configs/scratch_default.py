@@ -15,12 +15,12 @@ Arguments: alpha [0.2] (loss.alpha; 0 is EPG, 1 is CE), seed [0].
     python scripts/compare_scratch.py runs/scratch_default/a* --out runs/scratch_default/alpha.png
 """
 
-from aepg_jax import config_args
+from aepg_jax.config import arguments
 from aepg_jax.scratch import config as scratch_config
 
 
 def get_config(arg=None):
-    a = config_args.parse_arg(arg, alpha=0.2, seed=0)
+    a = arguments.parse_arg(arg, alpha=0.2, seed=0)
     c = scratch_config.base_config("resnet_small")
     c.model.width = 8
     c.seed = a.seed

@@ -27,7 +27,7 @@ minimal step is `minimal_step.py`'s, the timm step `torch_step.py`'s.
 Per row also the page faults and system CPU seconds per step (`getrusage`) and XLA's temporary
 buffer size: XLA:CPU allocates its temporaries afresh each execution, and with glibc's defaults
 a large block is a fresh `mmap` whose pages fault in on first touch. The script first applies
-`aepg_jax.memory.apply_default()` as `aepg_jax.main` does (glibc `mallopt`: no mmap for large
+`aepg_jax.system.memory.apply_default()` as `aepg_jax.main` does (glibc `mallopt`: no mmap for large
 blocks, never trim; it applies to every row, timm's included); `AEPG_MALLOC=default` measures
 glibc's defaults instead. `--rss` runs `minimal` and `ours` alone in fresh processes and reports
 their peak RSS.
@@ -110,10 +110,10 @@ def model_only_runner(model: str, batch: int) -> tuple[Callable[[], None], float
     import jax.numpy as jnp
     import optax
 
-    from aepg_jax import config_lib, partition
-    from aepg_jax.models import head, vit
+    from aepg_jax.config import schema
+    from aepg_jax.models import head, partition, vit
 
-    cfg = config_lib.base_config(model)
+    cfg = schema.base_config(model)
     cfg.model.peft.kind = "lora"
     params = vit.init_params(cfg.model, jax.random.PRNGKey(0))
     peft, frozen = partition.split(params, partition.label_params(params), partition.TRAINABLE)
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if args.rss:
         peak_rss(args)
         return {}
-    from aepg_jax import memory
+    from aepg_jax.system import memory
 
     kept_pages = memory.apply_default()  # where aepg_jax.main applies it: before the backend
     import jax
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"{args.model}, batch {args.batch}, {os.cpu_count()} CPUs, jax {jax.__version__}, "
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '(unset)')}, "
         f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}, "
-        f"aepg_jax.memory keep_pages_mapped applied: {kept_pages} "
+        f"aepg_jax.system.memory keep_pages_mapped applied: {kept_pages} "
         f"(AEPG_MALLOC={os.environ.get('AEPG_MALLOC', '(unset: auto)')})"
     )
     runners, build_s, temps = {}, {}, {}

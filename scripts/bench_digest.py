@@ -20,8 +20,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from aepg_jax import partition
-from aepg_jax.models import vit
+from aepg_jax.models import partition, vit
 from aepg_jax.runs import checkpointing
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.plan import analysis, programs, project, shapes, targets
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def local_target() -> targets.Target:
 
 
 def config(preset: str, overrides: dict, dtype: str, batch: int):
-    cfg = config_lib.from_file(str(ROOT / "configs/imagenet_r.py"), "tasks=10,method=lae")
+    cfg = schema.from_file(str(ROOT / "configs/imagenet_r.py"), "tasks=10,method=lae")
     for key, value in {
         **PRESETS[preset][4],
         "model.init": "random",

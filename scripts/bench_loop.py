@@ -17,7 +17,7 @@ import time
 
 import jax
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.continual import bookkeeping, loop, setup, training
 from aepg_jax.continual import state as state_lib
 from aepg_jax.runs import checkpointing
@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def default_config():
-    return config_lib.from_file(os.path.join(REPO, "configs", "default.py"))
+    return schema.from_file(os.path.join(REPO, "configs", "default.py"))
 
 
 def time_task(cfg, workdir: str) -> tuple[float, float]:

@@ -21,7 +21,7 @@ import time
 
 import jax
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.continual import loop, setup, training
 from aepg_jax.data import loader
 
@@ -31,14 +31,14 @@ METHODS = ("plain", "lae", "lwf", "l2p", "dualprompt", "coda_prompt", "inflora")
 
 def method_config(name: str, model: str, batch: int, cache: str):
     """configs/default.py with `method.name=name`, a random backbone, `batch` images a step."""
-    cfg = config_lib.from_file(DEFAULT_CONFIG)
+    cfg = schema.from_file(DEFAULT_CONFIG)
     cfg.method.name = name
     cfg.model.init = "random"
     cfg.data.cache_dir = cache
     cfg.optim.batch_size = batch
     cfg.optim.peft_freeze_epochs = 0  # time the full step, PEFT or prompts included
     if model == "vit_b16":
-        b16 = config_lib.base_config("vit_b16").model
+        b16 = schema.base_config("vit_b16").model
         for field in ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim", "image_size"):
             cfg.model[field] = b16[field]
         cfg.model.peft.blocks = (0, 1, 2, 3, 4)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import minimal_step
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.plan import analysis, programs, project, report, shapes, targets
 
 GiB = targets.GiB
@@ -65,7 +65,7 @@ def _row(kind, method, dtype, target, cost, projection=None) -> dict:
 
 
 def ours(cfg_path: str, tasks: int, method: str, dtype: str, specs: list[str], out) -> None:
-    cfg = config_lib.from_file(cfg_path, f"tasks={tasks},method={method}")
+    cfg = schema.from_file(cfg_path, f"tasks={tasks},method={method}")
     cfg.model.init = "random"
     cfg.model.dtype = dtype
     run = shapes.shape_run(cfg)
@@ -74,7 +74,7 @@ def ours(cfg_path: str, tasks: int, method: str, dtype: str, specs: list[str], o
     run_flops = sum(counts.get(p.name, 0) * analysis.host_flops(p) for p in progs)
     for spec in specs:
         target = targets.parse(spec)
-        config_lib.validate(cfg, target.num_devices)
+        schema.validate(cfg, target.num_devices)
         try:
             cost = report.cost_on(progs[0], target, cfg)
         except report.Misfit as err:
@@ -97,7 +97,7 @@ def minimal(model: str, batch: int, dtype: str, specs: list[str], out) -> None:
     step, args, donate = minimal_step.minimal_program(model, batch, dtype)
     layouts = (programs.REPLICATED,) * 3 + (programs.BATCH,) * 2
     program = programs.Program("minimal step", "train", step, args, layouts, donate, batch)
-    cfg = config_lib.base_config(model)
+    cfg = schema.base_config(model)
     cfg.model.dtype = dtype
     for spec in specs:
         target = targets.parse(spec)
@@ -120,7 +120,7 @@ def host_flops(cfg_path: str, tasks: int, methods: list[str], dtype: str, batch:
     minimal_prog = programs.Program("minimal step", "train", step, args, layouts, donate, batch)
     base = analysis.host_flops(minimal_prog) / batch
     for method in methods:
-        cfg = config_lib.from_file(cfg_path, f"tasks={tasks},method={method}")
+        cfg = schema.from_file(cfg_path, f"tasks={tasks},method={method}")
         cfg.model.init, cfg.model.dtype = "random", dtype
         program = report.all_programs(shapes.shape_run(cfg))[0]
         ours_flops = analysis.host_flops(program) / program.images

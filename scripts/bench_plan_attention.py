@@ -19,7 +19,7 @@ import argparse
 import flax.linen as nn
 import jax
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.models import peft as peft_lib
 from aepg_jax.models import vit
 from aepg_jax.plan import analysis, programs, shapes, targets
@@ -62,7 +62,7 @@ def main() -> None:
     for dtype in a.dtypes.split(","):
         for name, call in (("today", TODAY), ("dot_product_attention", fused_call)):
             vit.MultiHeadDotProductAttention.__call__ = call
-            cfg = config_lib.from_file("configs/imagenet_r.py", "tasks=10,method=lae")
+            cfg = schema.from_file("configs/imagenet_r.py", "tasks=10,method=lae")
             cfg.model.init, cfg.model.dtype = "random", dtype
             program = programs.train_programs(shapes.shape_run(cfg))[0]
             c = analysis.compile_cost(program, target)

@@ -40,15 +40,16 @@ import time
 import jax
 import numpy as np
 
-from aepg_jax import config_lib, pretrain
+from aepg_jax.config import schema
 from aepg_jax.continual import loop
 from aepg_jax.continual import setup as run_setup
+from aepg_jax.models import pretrain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def default_config():
-    return config_lib.from_file(os.path.join(REPO, "configs", "default.py"))
+    return schema.from_file(os.path.join(REPO, "configs", "default.py"))
 
 
 def overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -81,7 +82,7 @@ def make_config(args: argparse.Namespace):
         for part in parents:
             node = node[part]
         node[leaf] = value
-    config_lib.validate(cfg)
+    schema.validate(cfg)
     return cfg
 
 

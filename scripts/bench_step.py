@@ -5,7 +5,7 @@ training step on the same uint8 batch (B, S, S, 3) with S = 256 for 224 px input
 
 * JAX: the real step of `aepg_jax.continual.train_step.make_train_step`, jitted with the state
   donated, built as the task loop builds it (`state.optimizer`, `setup.step_config` from
-  `config_lib.base_config`): device-side RandomResizedCrop(224, scale (.05, 1)) + flip +
+  `schema.base_config`): device-side RandomResizedCrop(224, scale (.05, 1)) + flip +
   normalisation, ViT forward, the task head, the loss (CE by default), gradients of the PEFT and
   head leaves only, Adam (optax, frozen backbone `set_to_zero`), plus the step's metrics
   (entropy, gradient norm). The host->device copy of the batch is inside the timed step.
@@ -40,7 +40,7 @@ forward pass and loss under `torch.autocast("cpu", dtype=torch.bfloat16)`.
 
 Memory: XLA's CPU runtime allocates its temporaries (about 1.4 GiB for a ViT-B/16 batch-8 step)
 afresh every step; with glibc's defaults that costs ~0.4M page faults, ~1 CPU-s per step here.
-The script applies `aepg_jax.memory.apply_default()` first, as `aepg_jax.main` does (freed
+The script applies `aepg_jax.system.memory.apply_default()` first, as `aepg_jax.main` does (freed
 pages stay mapped; it applies to both sides); `AEPG_MALLOC=default` measures glibc's defaults.
 The allocator state is printed with the results. Other processes' CPU use while timing is measured
 and reported (a warning above 5%): on a shared 2-core machine it distorts the figures, torch's
@@ -78,7 +78,7 @@ from step_harness import (
 )
 from torch_step import TORCH_STYLES, load_torch_and_timm, make_torch_runner
 
-from aepg_jax import memory
+from aepg_jax.system import memory
 
 FOREIGN_LOAD_WARN = 0.05
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import minimal_step
 import step_harness
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.data import loader
 from aepg_jax.models import peft as peft_lib
 from aepg_jax.plan import programs, report, shapes, targets
@@ -126,7 +126,7 @@ def main() -> None:
         sys.exit(2)
     target = targets.parse(a.target)
     mesh = Mesh(np.asarray(target.devices), (loader.DATA_AXIS,))
-    cfg = config_lib.from_file(a.config, f"tasks=10,method={a.method}")
+    cfg = schema.from_file(a.config, f"tasks=10,method={a.method}")
     cfg.model.init, cfg.model.dtype = "random", a.dtype
     ours = report.all_programs(shapes.shape_run(cfg))[0]
     for variant in variants:

@@ -11,7 +11,7 @@ compare with `scripts/bench_step.py`, which times the whole step.
     python scripts/bench_vit_compute.py --dtype bfloat16
     python scripts/bench_vit_compute.py --no-page-faults         # glibc keeps freed memory
 
-`--no-page-faults` applies `aepg_jax.memory.keep_pages_mapped()` (glibc `mallopt`: one arena,
+`--no-page-faults` applies `aepg_jax.system.memory.keep_pages_mapped()` (glibc `mallopt`: one arena,
 no mmap for large blocks, never trim) before JAX starts, so XLA:CPU's temporaries reuse mapped
 pages instead of faulting them in afresh every call (Linux with glibc only). Without the flag
 the script keeps glibc's defaults (it does not apply `aepg_jax.main`'s `AEPG_MALLOC` policy).
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float, float]]
     parser.add_argument("--no-page-faults", action="store_true")
     args = parser.parse_args(argv)
     if args.no_page_faults:
-        from aepg_jax import memory
+        from aepg_jax.system import memory
 
         if not memory.keep_pages_mapped():
             raise SystemExit("error: --no-page-faults: glibc's mallopt is unavailable here")
@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float, float]]
     import jax.numpy as jnp
     from step_harness import measure
 
-    from aepg_jax import partition
-    from aepg_jax.models import head, vit
+    from aepg_jax.models import head, partition, vit
 
     cfg = vit.model_config(args.preset)
     cfg.peft.kind = args.peft

@@ -10,8 +10,7 @@ import argparse
 
 import jax
 
-from aepg_jax import partition
-from aepg_jax.models import peft, vit
+from aepg_jax.models import partition, peft, vit
 
 
 def counts(preset: str, kind: str, classes: int) -> dict[str, int]:

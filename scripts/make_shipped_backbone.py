@@ -19,8 +19,10 @@ import os
 import shutil
 import tempfile
 
-from aepg_jax import config_lib, environment, pretrain
+from aepg_jax.config import schema
 from aepg_jax.data import loader
+from aepg_jax.models import pretrain
+from aepg_jax.system import environment
 
 
 def main() -> None:
@@ -28,7 +30,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/default.py", help="config file[:arg]")
     args = parser.parse_args()
     path, _, arg = args.config.partition(":")
-    cfg = config_lib.from_file(path, arg or None)
+    cfg = schema.from_file(path, arg or None)
     with tempfile.TemporaryDirectory() as tmp:
         cfg.pretrain.shipped = False
         cfg.pretrain.cache_dir = tmp

@@ -6,7 +6,7 @@ Each measurement is a command of `aepg_jax.main` (printed before it runs) with `
 (seeds 0-4 vmapped as one program: each seed trains exactly as its single run would), read
 back from its `results_seeds.json`; figures are mean +- sample sd (ddof=1) over the 5 seeds,
 with each seed's value. A finished workdir is not run again (delete it to re-measure), so an
-interrupted measurement resumes. The summary, with the machine (`aepg_jax.environment`) and
+interrupted measurement resumes. The summary, with the machine (`aepg_jax.system.environment`) and
 the date, is printed and written to `<out>/summary.md`; the README's figures are copied from it.
 
 Measurements (`--only`):
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aepg_jax import environment
+from aepg_jax.system import environment
 
 PY = sys.executable
 SEEDS = 5

@@ -35,9 +35,9 @@ def minimal_parts(model: str, batch: int, issue_lora: bool, dtype: str = "float3
     import optax
     from flax import traverse_util
 
-    from aepg_jax import config_lib
+    from aepg_jax.config import schema
 
-    m = config_lib.base_config(model).model
+    m = schema.base_config(model).model
     dt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
     rank = 8 if issue_lora else m.peft.lora_rank
     lora_blocks = tuple(range(m.depth)) if issue_lora else tuple(m.peft.blocks)

@@ -15,8 +15,9 @@ import argparse
 import heapq
 import sys
 
-from aepg_jax import experiments, sweep_configs
-from aepg_jax import sweep_layout as layout
+from aepg_jax import experiments
+from aepg_jax.experiments import layout, registry
+from aepg_jax.sweep import preflight
 
 
 def static_makespan(costs: list[float], gpus: int) -> float:
@@ -38,9 +39,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--where", help="only these runs, as aepg_jax.sweep --where")
     args = parser.parse_args(argv)
-    runs = experiments.filter_runs(experiments.get(args.experiment).runs(), args.where)
+    runs = experiments.filter_runs(registry.get(args.experiment).runs(), args.where)
     units = layout.units(runs)
-    cost = sweep_configs.costs(sweep_configs.check(units, ()))
+    cost = preflight.costs(preflight.check(units, ()))
     costs = [cost[u.name] for u in units if cost[u.name] > 0]  # in the experiment's order
     if not costs:
         print(f"error: no run of {args.experiment} has a cost estimate.", file=sys.stderr)

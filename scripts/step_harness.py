@@ -12,7 +12,7 @@
   every result.
 
 Importing this module imports JAX; a script that must set the allocator first
-(`aepg_jax.memory`) imports it afterwards.
+(`aepg_jax.system.memory`) imports it afterwards.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from aepg_jax import config_lib, losses, partition, schedules
+from aepg_jax import losses, schedules
+from aepg_jax.config import schema
 from aepg_jax.continual import methods, setup
 from aepg_jax.continual import state as state_lib
 from aepg_jax.continual import train_step as ts
-from aepg_jax.models import head, vit
+from aepg_jax.models import head, partition, vit
 
 PEFT_KINDS = ("lora", "adapter", "prefix")
 MODELS = ("vit_b16", "vit_tiny")
@@ -95,7 +96,7 @@ def run_config(
             raise ValueError(f"Unknown {what} {value!r}; valid: {', '.join(valid)}.")
     if loss not in LOSSES:
         raise ValueError(f"Unknown loss {loss!r}; valid: {', '.join(LOSSES)}.")
-    cfg = config_lib.base_config(model)
+    cfg = schema.base_config(model)
     cfg.model.peft.kind = kind
     cfg.model.dtype = dtype
     if image_size is not None:
@@ -183,7 +184,7 @@ def our_step(
     method = methods.get(cfg.method.name)(cfg)
     method_state = method.state_like(task.index, "in_task", lambda t: trainable)
     method_state = jax.tree.map(jnp.zeros_like, method_state)
-    hyper = config_lib.schedule_kwargs(cfg)
+    hyper = schema.schedule_kwargs(cfg)
     host = make_batch(batch, cfg.data.store_size, num_classes, seed)
     host["label"] = host["label"] % sizes[-1] + task.offset
     train_peft = jnp.asarray(True) if "head_only_cond" in add else None
@@ -191,7 +192,7 @@ def our_step(
         step_fn = ts.make_train_step(
             method,
             methods.Network(cfg.model),
-            losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
+            losses.get_loss(cfg.loss.name, **schema.loss_kwargs(cfg)),
             losses.is_annealed(cfg.loss.name),
             lambda total: schedules.get_schedule(cfg.schedule.name, total, **hyper),
             optimizer,
@@ -315,6 +316,6 @@ def machine_lines(kept_pages: bool) -> list[str]:
         f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, flax {flax.__version__}, "
         f"optax {optax.__version__}; devices {jax.devices()}; XLA CPU intra-op pool: all "
         f"cores (default); XLA_FLAGS={os.environ.get('XLA_FLAGS', '(unset)')}",
-        f"aepg_jax.memory keep_pages_mapped applied: {kept_pages}; allocator env: "
+        f"aepg_jax.system.memory keep_pages_mapped applied: {kept_pages}; allocator env: "
         + (allocator or "none"),
     ]

@@ -1,6 +1,6 @@
 """Header-only `.npz` files: the keys and shapes of a ViT checkpoint without its arrays.
 
-Validation (`aepg_jax.input_files`) reads only a checkpoint's key list and `.npy` headers, so
+Validation (`aepg_jax.config.input_files`) reads only a checkpoint's key list and `.npy` headers, so
 configs naming the paper's weights validate against `paper_layout()`, a few KB with the augreg
 ViT-B/16 file's keys (pre-Linen numbering, `head/*`) and shapes. Loading it fails: it has no
 data.
@@ -13,8 +13,8 @@ import zipfile
 
 import numpy as np
 
-from aepg_jax import input_files
 from aepg_jax.checkpoints import augreg
+from aepg_jax.config import input_files
 from aepg_jax.models import vit
 
 _TO_PRE_LINEN = {new: old for old, new in augreg.PRE_LINEN_RENAMES.items()}

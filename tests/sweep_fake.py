@@ -11,10 +11,10 @@ CONFIG = """
 import pathlib, sys
 sys.path.insert(0, {tests!r})
 import tiny
-from aepg_jax import config_args
+from aepg_jax.config import arguments
 
 def get_config(arg=None):
-    a = config_args.parse_arg(arg, loss="ce", seed=0)
+    a = arguments.parse_arg(arg, loss="ce", seed=0)
     return tiny.tiny_config(pathlib.Path({cache!r}), **{{
         "loss.name": a.loss, "seed": a.seed, "data.num_tasks": 2, "optim.epochs": 2,
         "optim.peft_freeze_epochs": 1, "max_steps_per_task": {steps}, "eval.batch_size": 256,

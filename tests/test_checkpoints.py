@@ -11,10 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aepg_jax import partition
 from aepg_jax.checkpoints import augreg
 from aepg_jax.checkpoints import inspect as inspect_cli
-from aepg_jax.models import vit
+from aepg_jax.models import partition, vit
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WEIGHTS = FIXTURES / "timm_tiny_vit.npz"

@@ -12,7 +12,7 @@ import tqdm
 from absl import flags
 from ml_collections import config_flags
 
-from aepg_jax import cli
+from aepg_jax.system import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Tests for configs/*.py and aepg_jax.config_args: every advertised run builds and validates,
+"""Tests for configs/*.py and aepg_jax.config.arguments: every advertised run builds and validates,
 the paper settings match SPEC §6-§8, user inputs are required, parse_arg types and errors."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import re
 import layout_npz
 import pytest
 
-from aepg_jax import config_args, config_lib, losses, main, schedules
+from aepg_jax import losses, main, schedules
+from aepg_jax.config import arguments, schema
 from aepg_jax.continual import methods
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -168,8 +169,8 @@ ALL_DOC_RUNS = sorted({run for f in CONFIG_FILES for run in _runs_of(f)}, key=st
 
 def test_default_config_validates_as_is():
     cfg = build("default.py")
-    config_lib.validate(cfg)
-    config_lib.validate_against_dataset(cfg, num_classes=10)  # digits
+    schema.validate(cfg)
+    schema.validate_against_dataset(cfg, num_classes=10)  # digits
 
 
 # ----------------------------------------------------------------------- every config file
@@ -199,7 +200,7 @@ def test_missing_checkpoint_is_named(filename):
     if PAPER[filename]["source"] == "folder":
         cfg.data.data_dir = DUMMY_DATA_DIR
     with pytest.raises(ValueError, match=r"model\.checkpoint"):
-        config_lib.validate(cfg)
+        schema.validate(cfg)
 
 
 def test_clrs25_requires_its_data_dir():
@@ -207,7 +208,7 @@ def test_clrs25_requires_its_data_dir():
     cfg.model.checkpoint = DUMMY_CHECKPOINT
     assert cfg.data.data_dir is None
     with pytest.raises(ValueError, match=r"data\.data_dir"):
-        config_lib.validate(cfg)
+        schema.validate(cfg)
 
 
 def test_every_documented_run_builds_and_validates():
@@ -217,7 +218,7 @@ def test_every_documented_run_builds_and_validates():
         cfg = fill_user_inputs(build(filename, arg))
         validate(cfg)
         if filename in PAPER:
-            config_lib.validate_against_dataset(cfg, PAPER[filename]["classes"])
+            schema.validate_against_dataset(cfg, PAPER[filename]["classes"])
             assert_args_applied(cfg, arg)
 
 
@@ -228,7 +229,7 @@ def test_readme_runs_build_and_validate_and_cover_every_paper_config():
         cfg = fill_user_inputs(build(filename, arg))
         validate(cfg)
         if filename in PAPER:
-            config_lib.validate_against_dataset(cfg, PAPER[filename]["classes"])
+            schema.validate_against_dataset(cfg, PAPER[filename]["classes"])
             assert_args_applied(cfg, arg)
     text = (CONFIG_DIR / "README.md").read_text()
     for label in PAPER_LABELS:
@@ -236,8 +237,8 @@ def test_readme_runs_build_and_validate_and_cover_every_paper_config():
 
 
 def test_every_paper_argument_is_tested():
-    assert set(ARG_VALUES) == set(config_args.PAPER_ARGS)
-    assert set(FIELD) == {*config_args.PAPER_ARGS, "tasks"}
+    assert set(ARG_VALUES) == set(arguments.PAPER_ARGS)
+    assert set(FIELD) == {*arguments.PAPER_ARGS, "tasks"}
 
 
 def test_readme_and_docstrings_advertise_the_same_runs():
@@ -252,7 +253,7 @@ def test_readme_and_docstrings_advertise_the_same_runs():
 def test_every_value_of_every_argument_reaches_its_field(filename, key):
     for value in ARG_VALUES[key]:
         cfg = fill_user_inputs(build(filename, f"{key}={value}"))
-        config_lib.validate(cfg)
+        schema.validate(cfg)
         assert FIELD[key] is None or get(cfg, FIELD[key]) == value
         if key == "seed":
             assert cfg.data.noise_seed == value
@@ -269,8 +270,8 @@ def test_datasets_and_task_counts_follow_spec_section_8(filename):
     for tasks in TASKS[filename]:
         cfg = fill_user_inputs(build(filename, f"tasks={tasks}"))
         assert cfg.data.num_tasks == tasks
-        config_lib.validate(cfg)
-        config_lib.validate_against_dataset(cfg, want["classes"])
+        schema.validate(cfg)
+        schema.validate_against_dataset(cfg, want["classes"])
 
 
 def test_imagenet_r_task_splits():
@@ -311,9 +312,9 @@ def test_unknown_argument_lists_the_valid_ones(filename):
 def test_beta_unset_leaves_the_losses_own_default():
     cfg = build("imagenet_r.py", "loss=entropy_penalty")
     assert cfg.loss.beta is None
-    assert config_lib.loss_kwargs(cfg) == {}
+    assert schema.loss_kwargs(cfg) == {}
     cfg = build("imagenet_r.py", "loss=confidence_penalty,beta=0.2")
-    assert config_lib.loss_kwargs(cfg) == {"beta": 0.2}
+    assert schema.loss_kwargs(cfg) == {"beta": 0.2}
 
 
 # ------------------------------------------------------------------------------ parse_arg
@@ -321,12 +322,12 @@ def test_beta_unset_leaves_the_losses_own_default():
 
 def test_parse_arg_defaults_when_no_argument():
     for arg in (None, "", "  "):
-        a = config_args.parse_arg(arg, tasks=10, peft="lora", noise=0.0, flag=False)
+        a = arguments.parse_arg(arg, tasks=10, peft="lora", noise=0.0, flag=False)
         assert a.to_dict() == {"tasks": 10, "peft": "lora", "noise": 0.0, "flag": False}
 
 
 def test_parse_arg_converts_to_the_defaults_types():
-    a = config_args.parse_arg(
+    a = arguments.parse_arg(
         " tasks=20 , peft=prefix,noise=0.2,lr=1e-3,scale=2,flag=true,off=0,seed=3,",
         tasks=10,
         peft="lora",
@@ -351,18 +352,18 @@ def test_parse_arg_converts_to_the_defaults_types():
     [("true", True), ("TRUE", True), ("1", True), ("false", False), ("False", False), ("0", False)],
 )
 def test_parse_arg_bools(text, want):
-    assert config_args.parse_arg(f"flag={text}", flag=not want).flag is want
+    assert arguments.parse_arg(f"flag={text}", flag=not want).flag is want
 
 
 def test_parse_arg_optional_pair_default():
-    assert config_args.parse_arg(None, beta=(None, float)).beta is None
-    assert config_args.parse_arg("beta=0.2", beta=(None, float)).beta == 0.2
-    assert config_args.parse_arg("beta=none", beta=(1.0, float)).beta is None
+    assert arguments.parse_arg(None, beta=(None, float)).beta is None
+    assert arguments.parse_arg("beta=0.2", beta=(None, float)).beta == 0.2
+    assert arguments.parse_arg("beta=none", beta=(1.0, float)).beta is None
 
 
 def test_parse_arg_unknown_key_lists_valid_keys_and_defaults():
     with pytest.raises(ValueError, match="Unknown config argument 'taks'") as err:
-        config_args.parse_arg("taks=10", tasks=10, peft="lora", beta=(None, float))
+        arguments.parse_arg("taks=10", tasks=10, peft="lora", beta=(None, float))
     message = str(err.value)
     for piece in ("tasks=10 (int)", "peft='lora' (str)", "beta=None (float)"):
         assert piece in message
@@ -371,7 +372,7 @@ def test_parse_arg_unknown_key_lists_valid_keys_and_defaults():
 @pytest.mark.parametrize("arg", ["tasks", "tasks10,peft=lora", "=5", "tasks:10"])
 def test_parse_arg_malformed_pair(arg):
     with pytest.raises(ValueError, match=r"Malformed config argument.*tasks=10 \(int\)"):
-        config_args.parse_arg(arg, tasks=10, peft="lora")
+        arguments.parse_arg(arg, tasks=10, peft="lora")
 
 
 @pytest.mark.parametrize(
@@ -380,19 +381,19 @@ def test_parse_arg_malformed_pair(arg):
 )
 def test_parse_arg_bad_value(arg, kind):
     with pytest.raises(ValueError, match=rf"not a valid {kind}.*Valid keys"):
-        config_args.parse_arg(arg, tasks=10, noise=0.0, flag=False)
+        arguments.parse_arg(arg, tasks=10, noise=0.0, flag=False)
 
 
 def test_parse_arg_repeated_key():
     with pytest.raises(ValueError, match="given twice"):
-        config_args.parse_arg("tasks=5,tasks=10", tasks=10)
+        arguments.parse_arg("tasks=5,tasks=10", tasks=10)
 
 
 def test_parse_arg_rejects_untyped_defaults():
     with pytest.raises(TypeError, match="int, float, bool, str"):
-        config_args.parse_arg(None, blocks=[0, 1])
+        arguments.parse_arg(None, blocks=[0, 1])
     with pytest.raises(TypeError, match="default value, converter"):
-        config_args.parse_arg(None, beta=(None, 1.0))
+        arguments.parse_arg(None, beta=(None, 1.0))
 
 
 # ----------------------------------------------------------------- train from scratch (Table 4)

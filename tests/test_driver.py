@@ -19,9 +19,11 @@ import numpy as np
 import pytest
 from tiny import tiny_config
 
-from aepg_jax import config_lib, main, pretrain
+from aepg_jax import main
+from aepg_jax.config import schema
 from aepg_jax.continual import loop
 from aepg_jax.data import loader
+from aepg_jax.models import pretrain
 from aepg_jax.runs import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,7 +119,7 @@ def test_validation_errors_are_actionable(tmp_path):
         loop.run(cfg, str(tmp_path / "run2"))
     cfg = tiny_config(tmp_path / "cache", **{"method.name": "ewc", "loss.name": "xent"})
     with pytest.raises(ValueError, match=r"(?s)Unknown loss 'xent'.*method.name='ewc'"):
-        config_lib.validate(cfg)
+        schema.validate(cfg)
 
 
 def test_non_finite_loss_stops_the_run_with_its_step(tmp_path):
@@ -285,7 +287,7 @@ def test_sharded_over_8_devices_matches_one_device(tmp_path):
 
 
 def _config_file(filename, arg=None):
-    return config_lib.from_file(os.path.join(REPO, "configs", filename), arg)
+    return schema.from_file(os.path.join(REPO, "configs", filename), arg)
 
 
 def test_default_config_runs_offline(tmp_path):
@@ -402,7 +404,7 @@ def test_cosine_epoch_schedule_and_clipping():
     global norm before Adam."""
     from aepg_jax.continual import state as state_lib
 
-    cfg = config_lib.base_config("vit_tiny")
+    cfg = schema.base_config("vit_tiny")
     cfg.optim.update(learning_rate=1e-3, epochs=50, lr_schedule="cosine_epochs")
     lr = state_lib.learning_rate(cfg, steps_per_epoch=4)
     reference = _coda_prompt_epoch_lrs(1e-3, 50)

@@ -11,10 +11,10 @@ import pytest
 from test_driver import REPO, _run_subprocess, tiny_config
 from test_multiseed import _assert_same_run
 
-from aepg_jax import config_lib, partition
+from aepg_jax.config import schema
 from aepg_jax.continual import loop, methods
 from aepg_jax.continual.methods import dualgpm, inflora
-from aepg_jax.models import vit
+from aepg_jax.models import partition, vit
 from aepg_jax.runs import records
 
 
@@ -96,7 +96,7 @@ def _tiny_method(lamb):
 
 
 def tiny_config_like():
-    cfg = config_lib.base_config("vit_tiny")
+    cfg = schema.base_config("vit_tiny")
     cfg.model.update(dict(patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64))
     cfg.model.image_size = 16
     cfg.method.name = "inflora"
@@ -144,7 +144,7 @@ def test_hooks_give_a_frozen_orthogonal_a_per_task(lamb, retain):
 
 def test_trainable_count_for_vit_b16_rank5_blocks_0_to_4():
     """7,680 r per task, heads excluded (A frozen in the state); 12 blocks: 18,432 r."""
-    cfg = config_lib.base_config("vit_b16")
+    cfg = schema.base_config("vit_b16")
     cfg.method.name, cfg.data.num_tasks = "inflora", 10
     for blocks, rank, want in (((0, 1, 2, 3, 4), 5, 7_680 * 5), (tuple(range(12)), 10, 184_320)):
         cfg.method.inflora_blocks, cfg.method.inflora_rank = blocks, rank
@@ -160,7 +160,7 @@ def test_trainable_count_for_vit_b16_rank5_blocks_0_to_4():
 
 def test_vit_b16_forward_and_covariance_shapes():
     """At full size (abstractly): the merged 12-head K/V kernels, logits, covariance sums."""
-    cfg = config_lib.base_config("vit_b16")
+    cfg = schema.base_config("vit_b16")
     cfg.method.name, cfg.data.num_tasks = "inflora", 10
     method = inflora.InfLoRA(cfg)
     key = jax.random.PRNGKey(0)
@@ -247,17 +247,17 @@ def test_config_checks_name_each_field():
         ("inflora_memory", "nope"),
         ("inflora_blocks", (1, 1)),
     ):
-        c = config_lib.base_config("vit_tiny")
+        c = schema.base_config("vit_tiny")
         c.method[field] = bad
         with pytest.raises(ValueError, match=rf"method\.{field}="):
-            config_lib.validate(c)
-    c = config_lib.base_config("vit_tiny")
+            schema.validate(c)
+    c = schema.base_config("vit_tiny")
     c.method.name, c.method.inflora_rank = "inflora", 65
     with pytest.raises(ValueError, match=r"method\.inflora_rank=65 must be <= model\.hidden_size"):
-        config_lib.validate(c)
+        schema.validate(c)
     c.method.inflora_rank, c.method.inflora_blocks = 5, (7, 8)
     with pytest.raises(ValueError, match=r"method\.inflora_blocks=\(7, 8\) has no block below"):
-        config_lib.validate(c)
+        schema.validate(c)
 
 
 # ------------------------------------------------------------------------ end to end, tiny
@@ -352,7 +352,7 @@ def test_seed_i_of_a_vmapped_run_equals_a_single_run_of_seed_i(tmp_path):
 @pytest.mark.slow
 def test_default_config_runs_with_inflora_alone(tmp_path):
     """`--config.method.name=inflora` on the embedded default (its LoRA is dropped), shortened."""
-    cfg = config_lib.from_file(os.path.join(REPO, "configs", "default.py"))
+    cfg = schema.from_file(os.path.join(REPO, "configs", "default.py"))
     cfg.method.name = "inflora"
     cfg.data.cache_dir = str(tmp_path / "cache")
     cfg.pretrain.cache_dir = str(tmp_path / "cache" / "pretrained")

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from aepg_jax import cli, config_lib, input_files, partition
-from aepg_jax.models import vit
+from aepg_jax.config import input_files, schema
+from aepg_jax.models import partition, vit
+from aepg_jax.system import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ROOT / "tests" / "fixtures" / "timm_tiny_vit.npz"  # a real augreg-layout file
@@ -25,7 +26,7 @@ def _tiny_augreg_config(checkpoint):
             k: int(io[f"fixture/{k}"])
             for k in ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim", "image_size")
         }
-    c = config_lib.base_config("vit_tiny")
+    c = schema.base_config("vit_tiny")
     c.model.update(fields)
     c.model.peft.blocks = tuple(range(fields["depth"]))
     c.model.init = "augreg"
@@ -36,7 +37,7 @@ def _tiny_augreg_config(checkpoint):
 
 def _one_problem(cfg) -> str:
     with pytest.raises(ValueError) as err:
-        config_lib.validate(cfg)
+        schema.validate(cfg)
     message = str(err.value)
     assert message.startswith("Invalid config: ") and "\n" not in message
     assert message.count("model.checkpoint") == 1, message
@@ -57,7 +58,7 @@ def test_the_layout_table_is_the_models_backbone():
 
 
 def test_a_real_augreg_file_passes_and_other_files_are_refused_in_one_line(tmp_path):
-    config_lib.validate(_tiny_augreg_config(WEIGHTS))  # the timm-made augreg layout: accepted
+    schema.validate(_tiny_augreg_config(WEIGHTS))  # the timm-made augreg layout: accepted
     for checkpoint, expected in (
         (None, "needs model.checkpoint"),
         (tmp_path / "absent.npz", "does not exist"),
@@ -70,7 +71,7 @@ def test_a_real_augreg_file_passes_and_other_files_are_refused_in_one_line(tmp_p
         assert expected in message, message
         assert input_files.AUGREG_FILE in message and input_files.AUGREG_URL in message
     # A B/16-shaped key list: accepted by the paper configs' model, shapes named otherwise.
-    paper = config_lib.base_config("vit_b16")
+    paper = schema.base_config("vit_b16")
     paper.model.init, paper.model.checkpoint = "augreg", layout_npz.paper_layout()
     assert input_files.checkpoint_problem(paper.model.checkpoint, paper.model) is None
     wrong = layout_npz.augreg_shapes(vit.model_config("vit_b16"))
@@ -81,13 +82,13 @@ def test_a_real_augreg_file_passes_and_other_files_are_refused_in_one_line(tmp_p
 
 
 def test_split_file_must_exist_and_go_with_a_folder(tmp_path):
-    c = config_lib.base_config("vit_tiny")
+    c = schema.base_config("vit_tiny")
     c.data.split_file = str(tmp_path / "l2p_split.json")
     with pytest.raises(ValueError, match=r"data\.split_file=.*folder only"):
-        config_lib.validate(c)
+        schema.validate(c)
     c.data.source, c.data.data_dir = "folder", str(tmp_path)
     with pytest.raises(ValueError, match=r"data\.split_file=.*does not exist"):
-        config_lib.validate(c)
+        schema.validate(c)
 
 
 def test_a_paper_run_without_its_weights_stops_at_validation_with_the_url(tmp_path):

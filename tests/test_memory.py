@@ -1,4 +1,5 @@
-"""`aepg_jax.memory`: freed large blocks stay mapped; touching them again costs no page faults."""
+"""`aepg_jax.system.memory`: freed large blocks stay mapped; touching them again costs no page
+faults."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import sys
 
 import pytest
 
-from aepg_jax import memory
+from aepg_jax.system import memory
 
 PROBE = """
 import ctypes, json, resource
-from aepg_jax import memory
+from aepg_jax.system import memory
 applied = memory.apply_default()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p

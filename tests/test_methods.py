@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 from test_driver import tiny_config
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.continual import loop, methods
 from aepg_jax.continual.methods import base
 from aepg_jax.runs import checkpointing
@@ -28,16 +28,16 @@ def test_registry_names_every_method_and_refuses_unknown_ones():
 
 
 def test_config_has_every_methods_fields_and_checks_them():
-    c = config_lib.base_config("vit_tiny")
+    c = schema.base_config("vit_tiny")
     for method in methods.REGISTRY.values():
         for field, default in method.defaults.items():
             assert c.method[field] == default
-    config_lib.validate(c)
+    schema.validate(c)
     for field, bad in (("ema_decay", 1.0), ("lwf_weight", -1.0), ("lwf_temperature", 0.0)):
-        c = config_lib.base_config("vit_tiny")
+        c = schema.base_config("vit_tiny")
         c.method[field] = bad
         with pytest.raises(ValueError, match=rf"method\.{field}={bad}"):
-            config_lib.validate(c)
+            schema.validate(c)
 
 
 def test_no_code_outside_the_methods_package_names_a_method():
@@ -47,7 +47,7 @@ def test_no_code_outside_the_methods_package_names_a_method():
     for path in PACKAGE.rglob("*.py"):
         # Config argument parsing may name a method as a default value, and the paper's
         # experiments (paper.py) name the methods of their runs as data; neither branches.
-        if "methods" in path.parts or path.name in ("config_args.py", "paper.py"):
+        if "methods" in path.parts or path.name in ("arguments.py", "paper.py"):
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line) or re.search(r"method\.name\s*[!=]=", line):

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from aepg_jax import partition
-from aepg_jax.models import head, peft, vit
+from aepg_jax.models import head, partition, peft, vit
 
 KINDS = peft.PEFT_KINDS
 

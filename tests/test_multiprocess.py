@@ -1,4 +1,5 @@
-"""Several processes on one machine, as a multi-host run (`aepg_jax.launch`, `aepg_jax.hosts`).
+"""Several processes on one machine, as a multi-host run (`aepg_jax.launch`,
+`aepg_jax.system.hosts`).
 
 Each process has its own CPU device(s); JAX joins them over gloo. 2 processes x 1 device must
 train exactly like 1 process x 2 devices (same global batch, same mesh size), each process must
@@ -18,15 +19,15 @@ import numpy as np
 import pytest
 import tiny
 
-from aepg_jax import launch
 from aepg_jax.data import loader
+from aepg_jax.launch import launch
 from aepg_jax.runs import records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LOADER_SCRIPT = textwrap.dedent("""
     import json, os, sys
-    from aepg_jax import hosts
+    from aepg_jax.system import hosts
     hosts.initialize(False)
     import jax, numpy as np
     from jax.experimental import multihost_utils

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_driver import _read_jsonl, tiny_config
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.continual import loop, results
 from aepg_jax.runs import records
 
@@ -121,7 +121,7 @@ def test_vmapped_run_resumes_from_its_last_task_checkpoint(tmp_path):
 
 
 def test_num_seeds_must_be_positive():
-    cfg = config_lib.base_config("vit_tiny")
+    cfg = schema.base_config("vit_tiny")
     cfg.num_seeds = 0
     with pytest.raises(ValueError, match="Invalid config: num_seeds=0 must be an integer >= 1"):
-        config_lib.validate(cfg)
+        schema.validate(cfg)

@@ -1,6 +1,7 @@
-"""The paper's experiments as data (aepg_jax/paper.py): the runs agree with configs/README.md's
-runs table and the config docstrings' loops, the published numbers with the paper's .tex (parsed
-independently of the module when ../shared/paper is there) and with a second hand transcription;
+"""The paper's experiments as data (aepg_jax/experiments/paper.py): the runs agree with
+configs/README.md's runs table and the config docstrings' loops, the published numbers with the
+paper's .tex (parsed independently of the module when ../shared/paper is there) and with a second
+hand transcription;
 `aepg_jax.sweep --list` and `--slurm` for Table 1."""
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import subprocess
 import pytest
 from test_configs import ALL_DOC_RUNS, CONFIG_DIR, PAPER, build, fill_user_inputs
 
-from aepg_jax import experiments, paper, sweep
-from aepg_jax import sweep_layout as layout
+from aepg_jax import experiments
+from aepg_jax.experiments import layout, paper, registry
+from aepg_jax.sweep import sweep
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEX = next(
@@ -73,7 +75,7 @@ def test_module_runs_are_the_docstrings_runs():
 
     ours = [
         (pathlib.Path(r.config).name, r.arg)
-        for r in experiments.get("paper").runs()
+        for r in registry.get("paper").runs()
         if pathlib.Path(r.config).name in PAPER
     ]
     docs = [(f, a) for f, a in ALL_DOC_RUNS if f in PAPER]
@@ -81,9 +83,9 @@ def test_module_runs_are_the_docstrings_runs():
 
 
 def test_table1_has_210_runs_and_every_experiment_selects_runs_for_every_cell():
-    assert len(experiments.get("table1").runs()) == 210
-    assert experiments.get("tab:sota").name == "table1"
-    for e, tables, _ in experiments.get("paper").sections():
+    assert len(registry.get("table1").runs()) == 210
+    assert registry.get("tab:sota").name == "table1"
+    for e, tables, _ in registry.get("paper").sections():
         for t in tables:
             assert all(len(r.paper) in (0, len(t.columns)) for r in t.rows), t.title
             for row, col in itertools.product(t.rows, t.columns):
@@ -91,8 +93,8 @@ def test_table1_has_210_runs_and_every_experiment_selects_runs_for_every_cell():
 
 
 def test_identical_configs_share_one_workdir():
-    t3 = {r.name for r in experiments.get("table3").runs()}
-    t8 = {r.name for r in experiments.get("table8").runs() if r.value("tau") == "6"}
+    t3 = {r.name for r in registry.get("table3").runs()}
+    t8 = {r.name for r in registry.get("table8").runs() if r.value("tau") == "6"}
     assert len(t8) == 10 and t8 <= t3  # Table 8's tau=6 is Table 3's aepg
 
 
@@ -118,7 +120,7 @@ SAMPLE = [
 
 
 def _published(name, row_label, col_label):
-    table = experiments.get(name).tables[0]
+    table = registry.get(name).tables[0]
     row = next(r for r in table.rows if r.label == row_label)
     col = next(c for c in table.columns if c.label == col_label)
     return table.published(row, col)
@@ -155,7 +157,7 @@ def test_published_numbers_equal_the_tex(name, label):
     tex = _tex_rows(label)
     if name == "table8":  # alpha_start, alpha_end: the schedule's, not results
         tex = [row[2:] for row in tex]
-    table = experiments.get(name).tables[0]
+    table = registry.get(name).tables[0]
     ours = [
         [(p.mean, p.pm) for p in (table.published(r, c) for c in table.columns)]
         for r in table.rows
@@ -196,12 +198,12 @@ def test_slurm_script_is_valid_bash_with_sbatch_directives(tmp_path, capsys):
     options = dict(d.removeprefix("#SBATCH ").split("=", 1) for d in directives)
     assert options["--array"] == "0-15" and options["--partition"] == "gpu"
     assert options["--gres"] == "gpu:1" and options["--output"].endswith("slurm-%A_%a.out")
-    assert "--shard" not in lines[-1] and "workers claiming them" in script  # sweep_claims
+    assert "--shard" not in lines[-1] and "workers claiming them" in script  # sweep/claims.py
     assert "'--config.model.checkpoint=/w/B 16.npz'" in lines[-1]
 
 
 def test_shards_partition_the_runs():
-    units = layout.units(experiments.get("table1").runs())
+    units = layout.units(registry.get("table1").runs())
     shards = [[u for _, u in layout.shard(units, i, 3)] for i in range(3)]
     assert sorted(map(len, shards)) == [70, 70, 70]
     names = [u.name for s in shards for u in s]
@@ -209,7 +211,7 @@ def test_shards_partition_the_runs():
 
 
 def test_vmap_seeds_groups_consecutive_seeds_of_a_cell():
-    units = layout.units(experiments.get("table1").runs(), vmap_seeds=True)
+    units = layout.units(registry.get("table1").runs(), vmap_seeds=True)
     assert len(units) == 42 and all(len(u.runs) == 5 for u in units)
     u = units[0]
     assert u.name == "imagenet_r/loss=ce,method=plain,tasks=5,seeds=0-4"

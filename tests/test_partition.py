@@ -1,4 +1,4 @@
-"""Tests for aepg_jax.partition: labels, split/merge, the partitioned optimizer, frozen leaves."""
+"""aepg_jax.models.partition: labels, split/merge, the partitioned optimizer, frozen leaves."""
 
 import chex
 import jax
@@ -9,8 +9,8 @@ import optax
 import pytest
 from absl.testing import parameterized
 
-from aepg_jax import losses, partition
-from aepg_jax.models import head, peft, vit
+from aepg_jax import losses
+from aepg_jax.models import head, partition, peft, vit
 
 TEST_MODEL = dict(patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, image_size=16)
 

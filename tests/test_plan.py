@@ -83,7 +83,7 @@ def test_calls_follow_the_runs_step_counts(tmp_path):
 
 
 def test_known_dataset_sizes_give_the_papers_task_split(tmp_path):
-    from aepg_jax.config_lib import from_file
+    from aepg_jax.config.schema import from_file
     from aepg_jax.plan import project, shapes
 
     cfg = from_file(str(ROOT / "configs/imagenet_r.py"), "tasks=10,method=lae")

@@ -16,7 +16,7 @@ import pytest
 from test_driver import _read_jsonl, tiny_config
 from test_multiseed import _assert_same_run
 
-from aepg_jax import config_lib, partition
+from aepg_jax.config import schema
 from aepg_jax.continual import loop
 from aepg_jax.continual.methods import (
     Network,
@@ -26,7 +26,7 @@ from aepg_jax.continual.methods import (
     l2p,
     prompting,
 )
-from aepg_jax.models import vit
+from aepg_jax.models import partition, vit
 from aepg_jax.runs import records
 
 TINY = dict(patch_size=4, hidden_size=32, depth=4, num_heads=2, mlp_dim=64, image_size=16)
@@ -126,14 +126,14 @@ def test_prompt_leaves_are_labelled_peft():
 
 
 def test_base_config_validates_with_every_prompt_field():
-    config_lib.validate(config_lib.base_config("vit_tiny"))
+    schema.validate(schema.base_config("vit_tiny"))
 
 
 # -- helpers for the methods -------------------------------------------------------------------
 
 
 def _method_config(name, preset="vit_tiny", num_tasks=3, **method_fields):
-    c = config_lib.base_config(preset)
+    c = schema.base_config(preset)
     if preset == "vit_tiny":
         c.model.update(TINY)
     c.method.name = name
@@ -246,7 +246,7 @@ def test_coda_checks_name_their_field():
     ):
         c = _method_config("coda_prompt", **{field: bad})
         with pytest.raises(ValueError, match=pattern):
-            config_lib.validate(c)
+            schema.validate(c)
 
 
 # -- L2P++ ---------------------------------------------------------------------------------
@@ -336,7 +336,7 @@ def test_l2p_and_dualprompt_checks_name_their_field():
         ("dualprompt", "dualprompt_g_length", 0, r"dualprompt_g_length=0 must be an integer"),
     ):
         with pytest.raises(ValueError, match=pattern):
-            config_lib.validate(_method_config(name, **{field: bad}))
+            schema.validate(_method_config(name, **{field: bad}))
 
 
 # -- every method: the query pass, end-to-end runs ------------------------------------------
@@ -437,9 +437,9 @@ def test_two_vmapped_seeds_equal_two_single_runs(tmp_path):
 
 
 def _imagenet_r(arg):
-    c = config_lib.from_file("configs/imagenet_r.py", arg)
+    c = schema.from_file("configs/imagenet_r.py", arg)
     c.model.checkpoint = layout_npz.paper_layout()
-    config_lib.validate(c)
+    schema.validate(c)
     return c
 
 

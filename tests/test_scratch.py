@@ -24,7 +24,8 @@ from PIL import Image
 from test_tensorboard import _events
 from tiny import apply_overrides
 
-from aepg_jax import config_lib, main
+from aepg_jax import main
+from aepg_jax.config import schema
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import data as scratch_data
 from aepg_jax.scratch import trainer
@@ -124,8 +125,8 @@ def test_validation_errors_name_the_field(tmp_path):
 
 def test_main_dispatches_on_the_trainer_field(tmp_path):
     assert main.select_trainer(tiny_config(tmp_path)) == (scratch_config.validate, trainer.run)
-    continual = config_lib.base_config("vit_tiny")
-    assert main.select_trainer(continual) == (config_lib.validate, main.loop.run)
+    continual = schema.base_config("vit_tiny")
+    assert main.select_trainer(continual) == (schema.validate, main.loop.run)
     continual.trainer = "gan"
     with pytest.raises(
         ValueError, match=r"trainer='gan' is unknown; use one of continual, scratch"

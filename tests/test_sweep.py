@@ -16,9 +16,11 @@ import time
 import pytest
 import sweep_fake
 
-from aepg_jax import experiments, main, memory, sweep, tables
-from aepg_jax import sweep_layout as layout
-from aepg_jax.experiments import Column, Experiment, Grid, Row, Table
+from aepg_jax import main
+from aepg_jax.experiments import Column, Experiment, Grid, Row, Table, layout, registry
+from aepg_jax.sweep import sweep
+from aepg_jax.system import memory
+from aepg_jax.tables import tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -138,7 +140,7 @@ def test_failing_run_is_reported_and_the_others_run(tmp_path, monkeypatch, capsy
     assert lines[4].startswith(failed) and "error: 1 of 5 runs failed" in err
     bad = tmp_path / "runs/fake_config/seed=5+optim.batch_size=abc"
     assert "invalid literal for int()" in (bad / layout.ERROR_FILE).read_text()
-    text = tables.render(f"{tmp_path}/runs", experiments.get(path), "markdown")
+    text = tables.render(f"{tmp_path}/runs", registry.get(path), "markdown")
     assert "| CE | 40.5 ± 0.7 (2/3 done, 1 failed) | 10.0 ± 1.0 | +30.5 (!) |" in text
 
     calls.clear()  # again: only the failed run is tried, and it fails again
@@ -188,9 +190,9 @@ def test_a_misspelt_override_stops_the_sweep_before_any_run(tmp_path, monkeypatc
 def test_an_override_adding_a_problem_to_a_run_broken_on_its_own_is_caught():
     """Table 1's runs fail validation until model.checkpoint is given; an override that adds a
     problem of its own still stops the sweep, one that does not is left to the runs."""
-    from aepg_jax import sweep_configs
+    from aepg_jax.sweep import preflight
 
-    units = layout.units(experiments.get("demo").runs()[:3])
+    units = layout.units(registry.get("demo").runs()[:3])
 
     def validate(cfg):
         problems = ["model.checkpoint is needed."]
@@ -198,10 +200,10 @@ def test_an_override_adding_a_problem_to_a_run_broken_on_its_own_is_caught():
             problems.append("optim.epochs must be >= 1.")
         raise ValueError("Invalid config: " + "; ".join(problems))
 
-    assert len(sweep_configs.check(units, [], validate)) == 3
-    assert len(sweep_configs.check(units, ["--config.optim.epochs=3"], validate)) == 3
+    assert len(preflight.check(units, [], validate)) == 3
+    assert len(preflight.check(units, ["--config.optim.epochs=3"], validate)) == 3
     with pytest.raises(ValueError, match=r"optim.epochs must be >= 1.* for run demo/"):
-        sweep_configs.check(units, ["--config.optim.epochs=0"], validate)
+        preflight.check(units, ["--config.optim.epochs=0"], validate)
 
 
 def test_command_line_mistakes_are_one_line(tmp_path, capsys):
@@ -223,7 +225,7 @@ def test_list_and_status_without_and_with_a_workdir(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count(" unknown ") == 4 and "--workdir=<workdir>/fake_config/seed=0" in out
     root = tmp_path / "runs"
-    runs = experiments.get(path).runs()
+    runs = registry.get(path).runs()
     done, failed, held, _ = (root / r.name for r in runs)
     for d in (done, failed, held):
         d.mkdir(parents=True)
@@ -276,7 +278,7 @@ def _sweep(path, root, *extra, wait=True):
 
 
 def _table(path, root) -> str:
-    return tables.render(str(root), experiments.get(str(path)), "markdown")
+    return tables.render(str(root), registry.get(str(path)), "markdown")
 
 
 def _matrices(root):
@@ -329,7 +331,7 @@ def test_three_shards_run_each_run_once_and_their_table_is_the_one_process_one(s
     outs = [p.communicate(timeout=1200)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     ran = sorted(line.split()[1] for out in outs for line in out.splitlines() if "  done" in line)
-    assert ran == sorted(r.name for r in experiments.get(str(path)).runs())  # each once
+    assert ran == sorted(r.name for r in registry.get(str(path)).runs())  # each once
     for log in root.glob("fake_config/*/sweep.log"):
         assert log.read_text().count("--- ") == 1, log
     assert _matrices(root) == _matrices(reference)
@@ -350,12 +352,12 @@ def test_a_real_failing_run_does_not_stop_the_others(tmp_path):
 
 def test_figure_experiments_plot_from_the_runs(tmp_path):
     """Fig. 3a (A_T against the fixed alpha) and Fig. 2 (curves per task) from fake results."""
-    for run in experiments.get("fig3a").runs()[:12]:  # alpha 0, 0.2 (5 seeds), 0.4 (2 seeds)
+    for run in registry.get("fig3a").runs()[:12]:  # alpha 0, 0.2 (5 seeds), 0.4 (2 seeds)
         directory = tmp_path / run.name
         directory.mkdir(parents=True)
         alpha = float(run.value("alpha"))
         (directory / "results.json").write_text(json.dumps({"A_T": 70 + 10 * alpha + run.seed}))
-    for run in experiments.get("fig2").runs():
+    for run in registry.get("fig2").runs():
         directory = tmp_path / run.name
         directory.mkdir(parents=True, exist_ok=True)
         curves = {
@@ -363,15 +365,15 @@ def test_figure_experiments_plot_from_the_runs(tmp_path):
             "entropy": [1.0 / (t + 1) for t in range(10)],
         }
         (directory / "results.json").write_text(json.dumps(curves))
-    from aepg_jax import table_plots
+    from aepg_jax.tables import plots
 
-    written = table_plots.write_plots(str(tmp_path), experiments.get("fig3a"))
-    written += table_plots.write_plots(str(tmp_path), experiments.get("fig2"))
+    written = plots.write_plots(str(tmp_path), registry.get("fig3a"))
+    written += plots.write_plots(str(tmp_path), registry.get("fig2"))
     names = sorted(pathlib.Path(p).name for p in written)
     assert names == ["fig2_accuracy.png", "fig2_entropy.png", "fig3a_alpha.png"]
     for p in written:
         assert pathlib.Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert table_plots.write_plots(str(tmp_path / "empty"), experiments.get("fig6")) == []
+    assert plots.write_plots(str(tmp_path / "empty"), registry.get("fig6")) == []
 
 
 def test_vmap_seeds_runs_a_cell_as_one_program_and_tables_read_its_seeds(
@@ -400,7 +402,7 @@ def test_vmap_seeds_runs_a_cell_as_one_program_and_tables_read_its_seeds(
     assert calls == [("ce", 0, 2), ("aepg", 0, 2)]
     out = capsys.readouterr().out
     assert "[1/2] fake_config/seeds=0-1  done A_T 30.50 ± 0.71 (2 seeds)" in out
-    text = tables.render(f"{tmp_path}/runs", experiments.get(path), "markdown")
+    text = tables.render(f"{tmp_path}/runs", registry.get(path), "markdown")
     assert "| CE | 30.5 ± 0.7 (n=2) | 10.0 ± 1.0 | +20.5 (!) |" in text
     assert sweep.main([*argv, "--list"]) == 0
     assert "done    fake_config/loss=aepg,seeds=0-1" in capsys.readouterr().out

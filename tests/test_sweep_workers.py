@@ -1,4 +1,4 @@
-"""Sweep workers (`sweep_claims.py`): concurrent `aepg_jax.sweep` processes on one directory
+"""Sweep workers (`claims.py`): concurrent `aepg_jax.sweep` processes on one directory
 share its runs. Fast: workers (threads of this process stand in for processes: the claim is
 the run's lock, reentrant only within one thread's run) run each run once; the cost estimate
 orders runs as the methods' extra passes say. Slow: 3 real workers on the demo experiment
@@ -18,24 +18,26 @@ import time
 
 import pytest
 
-from aepg_jax import config_lib, experiments, sweep_claims, tables
-from aepg_jax import sweep_layout as layout
+from aepg_jax.config import schema
+from aepg_jax.experiments import layout, registry
 from aepg_jax.plan import estimate
+from aepg_jax.sweep import claims
+from aepg_jax.tables import tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_the_cost_estimate_counts_images_and_the_methods_extra_passes():
-    cfg = config_lib.from_file(str(REPO / "configs/imagenet_r.py"), "tasks=10,method=plain")
+    cfg = schema.from_file(str(REPO / "configs/imagenet_r.py"), "tasks=10,method=plain")
     plain = estimate.run_flops(cfg)
     n = (224 // 16) ** 2 + 1
     assert estimate.forward_flops(cfg.model) > 12 * 2 * n * 12 * 768**2  # ViT-B/16: ~17.6 GF
     assert estimate.forward_flops(cfg.model) == pytest.approx(35.1e9, rel=0.02)
     config = str(REPO / "configs/imagenet_r.py")
     for method in ("lae", "l2p", "inflora"):  # second eval pass, query pass, covariance
-        other = config_lib.from_file(config, f"tasks=10,method={method}")
+        other = schema.from_file(config, f"tasks=10,method={method}")
         assert estimate.run_flops(other) > plain, method
-    twenty = config_lib.from_file(config, "tasks=20,method=plain")
+    twenty = schema.from_file(config, "tasks=20,method=plain")
     assert estimate.run_flops(twenty) != plain
     cfg.num_seeds = 3
     assert estimate.run_flops(cfg) == pytest.approx(3 * plain)
@@ -53,8 +55,8 @@ with lock.hold(sys.argv[1]):
 def test_a_worker_skips_done_held_and_just_failed_runs_and_waits_for_held_ones(
     tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setenv(sweep_claims.ENV_POLL, "0.2")
-    runs = experiments.get("demo").runs()[:4]
+    monkeypatch.setenv(claims.ENV_POLL, "0.2")
+    runs = registry.get("demo").runs()[:4]
     units = list(enumerate(layout.units(runs)))
     root, started = str(tmp_path), time.time()
     done, failed, _, held = (tmp_path / u.name for _, u in units)
@@ -63,7 +65,7 @@ def test_a_worker_skips_done_held_and_just_failed_runs_and_waits_for_held_ones(
     (done / "results.json").write_text("{}")
     (failed / layout.ERROR_FILE).write_text("boom\n")
     os.utime(failed / layout.ERROR_FILE, (started - 10, started - 10))  # an earlier sweep's
-    assert sweep_claims.pending(root, units, started) == units[1:]
+    assert claims.pending(root, units, started) == units[1:]
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_FOR, str(held), "2"],
         cwd=REPO,
@@ -80,11 +82,11 @@ def test_a_worker_skips_done_held_and_just_failed_runs_and_waits_for_held_ones(
         else:
             (tmp_path / unit.name / "results.json").write_text("{}")
 
-    sweep_claims.work(root, units, run_one, started)
+    claims.work(root, units, run_one, started)
     holder.wait()
     assert ran == [(1, True), (2, True), (3, False)]  # run 3 once its holder had ended
     assert "waiting: the 1 runs left are held by other workers." in capsys.readouterr().out
-    assert sweep_claims.pending(root, units, started) == []
+    assert claims.pending(root, units, started) == []
 
 
 # ---------------------------------------------------------------- slow: real workers
@@ -102,7 +104,7 @@ SHORT = [
 
 def _sweep(root, *extra, wait=True):
     cmd = [sys.executable, "-m", "aepg_jax.sweep", "--experiment=demo", f"--workdir={root}"]
-    env = {**os.environ, sweep_claims.ENV_POLL: "0.5"}
+    env = {**os.environ, claims.ENV_POLL: "0.5"}
     kwargs = dict(cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if not wait:
         return subprocess.Popen([*cmd, *SHORT, *extra], **kwargs)
@@ -110,7 +112,7 @@ def _sweep(root, *extra, wait=True):
 
 
 def _table(root) -> str:
-    return tables.render(str(root), experiments.get("demo"), "markdown")
+    return tables.render(str(root), registry.get("demo"), "markdown")
 
 
 def _matrices(root):
@@ -139,7 +141,7 @@ def test_three_workers_run_each_run_once_and_give_the_one_process_table(one_proc
     procs = [_sweep(root, wait=False) for _ in range(3)]
     outs = [p.communicate(timeout=1800)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
-    names = sorted(r.name for r in experiments.get("demo").runs() if r.seed == 0)
+    names = sorted(r.name for r in registry.get("demo").runs() if r.seed == 0)
     assert _done_lines(outs) == names  # each run once
     for log in root.glob("demo/*/sweep.log"):
         assert log.read_text().count("--- ") == 1, log  # one worker wrote it

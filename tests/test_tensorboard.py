@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.continual import loop
 from aepg_jax.runs import records
 from aepg_jax.runs import tensorboard as tb
@@ -26,7 +26,7 @@ def _events(directory):
 
 
 def _default_run(tmp_path, **overrides):
-    cfg = config_lib.from_file(os.path.join(REPO, "configs", "default.py"))
+    cfg = schema.from_file(os.path.join(REPO, "configs", "default.py"))
     cfg.data.cache_dir = str(tmp_path / "cache")
     cfg.pretrain.cache_dir = str(tmp_path / "cache" / "pretrained")
     cfg.data.num_tasks = 2

@@ -18,9 +18,9 @@ import pytest
 from test_input_files import _one_problem, _tiny_augreg_config
 from tiny import tiny_config
 
-from aepg_jax import config_lib
 from aepg_jax.checkpoints import augreg, hub, timm, weights
 from aepg_jax.checkpoints import inspect as inspect_cli
+from aepg_jax.config import schema
 from aepg_jax.continual import loop
 from aepg_jax.models import vit
 
@@ -77,7 +77,7 @@ def test_both_formats_give_identical_parameters_and_logits(io):
 
 
 def test_a_safetensors_file_passes_validation_and_bad_ones_are_one_line(tmp_path):
-    config_lib.validate(_tiny_augreg_config(SAFETENSORS))
+    schema.validate(_tiny_augreg_config(SAFETENSORS))
     data = SAFETENSORS.read_bytes()
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(data[: len(data) - 1000])
@@ -159,7 +159,7 @@ def test_an_hf_hub_id_resolves_from_the_local_cache_offline(tmp_path, monkeypatc
     expected = _fake_cache(cache, repo_id)
     checkpoint = f"hf-hub:{repo_id}"
     assert weights.local_path(checkpoint) == os.fspath(expected)
-    config_lib.validate(_tiny_augreg_config(checkpoint))
+    schema.validate(_tiny_augreg_config(checkpoint))
     info = weights.identify(checkpoint, weights.local_path(checkpoint))
     assert info["sha256"] == weights.file_sha256(os.fspath(SAFETENSORS))
     assert info["paper_weights"] is True

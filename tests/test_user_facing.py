@@ -19,16 +19,18 @@ import ml_collections
 import pytest
 from tiny import write_spec
 
-from aepg_jax import config_lib, losses, main, pretrain
+from aepg_jax import losses, main
+from aepg_jax.config import schema
 from aepg_jax.continual import loop, plots, results
 from aepg_jax.data import loader
+from aepg_jax.models import pretrain
 from aepg_jax.runs import records
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _default(tmp_path) -> ml_collections.ConfigDict:
-    cfg = config_lib.from_file(str(ROOT / "configs" / "default.py"))
+    cfg = schema.from_file(str(ROOT / "configs" / "default.py"))
     cfg.data.cache_dir = str(tmp_path / "cache")
     cfg.pretrain.cache_dir = str(tmp_path / "cache" / "pretrained")
     return cfg

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 
 BAD = [
     ("seed", -1, "seed=-1"),
@@ -45,7 +45,7 @@ BAD = [
 
 
 def _tiny():
-    cfg = config_lib.base_config("vit_tiny")
+    cfg = schema.base_config("vit_tiny")
     cfg.model.update(dict(patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64))
     cfg.model.update(dict(image_size=16))
     cfg.model.peft.blocks = (0, 1)
@@ -54,7 +54,7 @@ def _tiny():
 
 
 def test_the_tiny_config_is_valid():
-    config_lib.validate(_tiny())
+    schema.validate(_tiny())
 
 
 @pytest.mark.parametrize("field,value,named", BAD, ids=[b[0] for b in BAD])
@@ -68,7 +68,7 @@ def test_a_bad_value_is_one_line_naming_the_field(field, value, named):
     if field.startswith("method.") and field != "method.name":
         cfg.method.name = {"lwf_weight": "lwf", "ema_decay": "lae"}[leaf]
     with pytest.raises(ValueError) as err:
-        config_lib.validate(cfg)
+        schema.validate(cfg)
     message = str(err.value)
     assert "\n" not in message and message.startswith("Invalid config: "), message
     assert named in message, message
@@ -89,10 +89,10 @@ def test_an_explicit_block_beyond_the_depth_is_refused(method, field, blocks):
     cfg = _tiny()
     cfg.method.name = method
     cfg.method.dualprompt_e_blocks = (1,)  # its default (2, 3, 4) has no block of 2
-    config_lib.validate(cfg)  # the other defaults name blocks up to 4: cut, accepted
+    schema.validate(cfg)  # the other defaults name blocks up to 4: cut, accepted
     cfg.method[field] = blocks
     with pytest.raises(ValueError) as err:
-        config_lib.validate(cfg)
+        schema.validate(cfg)
     beyond = tuple(b for b in blocks if b >= 2)
     assert f"method.{field}={blocks} names block(s) {beyond}" in str(err.value)
     assert "model.depth=2" in str(err.value) and "0..1" in str(err.value)
@@ -112,7 +112,7 @@ def test_every_float_field_must_be_finite(field, value):
     section, leaf = field.split(".")
     cfg[section][leaf] = value
     with pytest.raises(ValueError) as err:
-        config_lib.validate(cfg)
+        schema.validate(cfg)
     assert f"{field}={value!r} must be finite" in str(err.value), str(err.value)
 
 

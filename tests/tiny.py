@@ -9,11 +9,11 @@ it lets subprocess tests go through the real entry point. Imports nothing of `ae
 import json
 import pathlib
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 
 
 def tiny_config(cache_dir, **overrides):
-    c = config_lib.base_config("vit_tiny")
+    c = schema.base_config("vit_tiny")
     c.model.update(
         dict(patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, image_size=16)
     )

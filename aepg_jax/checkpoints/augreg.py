@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from aepg_jax import partition
+from aepg_jax.models import partition
 
 PRE_LINEN_RENAMES = {
     "MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",

@@ -31,8 +31,7 @@ class Bookkeeping:
             for d in self.seed_dirs
         ]
         for writer in self.writers:
-            if writer.events is not None:
-                writer.events.text("config", run.cfg)
+            writer.text("config", run.cfg)
         self.trackers = [
             metrics.AccuracyTracker(run.num_tasks, run.method.predictors) for _ in seeds
         ]

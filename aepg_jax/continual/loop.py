@@ -19,7 +19,6 @@ import os
 
 import ml_collections
 
-from aepg_jax import compiles
 from aepg_jax.continual import evaluation, fit, methods, resume, setup, training
 from aepg_jax.continual import report as report_lib
 from aepg_jax.continual import state as state_lib
@@ -27,6 +26,7 @@ from aepg_jax.continual import train_step as ts
 from aepg_jax.continual.bookkeeping import Bookkeeping
 from aepg_jax.data import loader
 from aepg_jax.runs import checkpointing
+from aepg_jax.system import compiles
 
 
 def task_context(run: setup.Run, t: int, seed_index: int) -> methods.TaskContext:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 
-from aepg_jax import environment
 from aepg_jax.continual import plots, results
 from aepg_jax.continual.bookkeeping import Bookkeeping
 from aepg_jax.continual.setup import Run
 from aepg_jax.runs import checkpointing, records
+from aepg_jax.system import environment
 
 
 def _seed_config(run: Run, seed: int) -> dict:

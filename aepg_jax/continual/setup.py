@@ -16,12 +16,13 @@ from typing import Any
 import jax
 import ml_collections
 
-from aepg_jax import config_lib, losses, partition, pretrain
+from aepg_jax import losses
 from aepg_jax.checkpoints import augreg, weights
+from aepg_jax.config import schema
 from aepg_jax.continual import methods
 from aepg_jax.continual import train_step as ts
 from aepg_jax.data import cache, datasets, loader, splits
-from aepg_jax.models import vit
+from aepg_jax.models import partition, pretrain, vit
 from aepg_jax.runs import checkpointing, seeds
 from aepg_jax.runs.seeds import SeedAxis
 
@@ -43,7 +44,7 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> RunData:
     """Loads the dataset, caches both splits at `data.store_size`, cuts it into tasks."""
     d = cfg.data
     ds = datasets.load_configured(d)
-    config_lib.validate_against_dataset(cfg, len(ds.class_names))
+    schema.validate_against_dataset(cfg, len(ds.class_names))
     root = os.path.expanduser(d.cache_dir)
     name = ds.name if d.source != "digits" else f"digits-split{d.split_seed}"
     built = {
@@ -213,9 +214,9 @@ def assemble(
         method=methods.get(cfg.method.name)(cfg),
         net=methods.Network(cfg.model),
         step_cfg=step_config(cfg),
-        loss_fn=losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
+        loss_fn=losses.get_loss(cfg.loss.name, **schema.loss_kwargs(cfg)),
         annealed=losses.is_annealed(cfg.loss.name),
-        fixed_alpha=losses.fixed_alpha(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
+        fixed_alpha=losses.fixed_alpha(cfg.loss.name, **schema.loss_kwargs(cfg)),
         backbone_source=backbone_source(cfg),
     )
 
@@ -223,7 +224,7 @@ def assemble(
 def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     """Validates `cfg`, prepares the data and every seed's initial parameters."""
     mesh = loader.data_mesh()
-    config_lib.validate(cfg, mesh.devices.size)
+    schema.validate(cfg, mesh.devices.size)
     data = prepare_data(cfg)
     _, keys, frozen_axis = seed_axis(cfg)
     initial_peft, frozen = [], []

@@ -15,10 +15,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from aepg_jax import partition
 from aepg_jax.continual import train_step as ts
 from aepg_jax.continual.setup import Run
-from aepg_jax.models import head
+from aepg_jax.models import head, partition
 from aepg_jax.runs import checkpointing
 
 Params = dict[str, Any]

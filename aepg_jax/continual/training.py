@@ -14,14 +14,17 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from aepg_jax import config_lib, partition, progress, schedules
+from aepg_jax import schedules
+from aepg_jax.config import schema
 from aepg_jax.continual import methods
 from aepg_jax.continual import state as state_lib
 from aepg_jax.continual import train_step as ts
 from aepg_jax.continual.bookkeeping import Bookkeeping
 from aepg_jax.continual.setup import Run
 from aepg_jax.data import loader, splits
+from aepg_jax.models import partition
 from aepg_jax.runs import checkpointing
+from aepg_jax.system import progress
 
 Chunks = Iterator[tuple[ts.TrainState, int, int, dict]]  # (state, task step, k steps, metrics)
 
@@ -115,7 +118,7 @@ def task_step_fn(run: Run, t: int, phase: bool | None = None) -> Callable:
     one_seed = run.axis.unstack(state_lib.trainable_for(run, 0))[0]
     labels = partition.label_params(one_seed)
     has_peft = bool(jax.tree.leaves(partition.split(labels, labels, (partition.PEFT,))[0]))
-    hyper = config_lib.schedule_kwargs(cfg)
+    hyper = schema.schedule_kwargs(cfg)
     step_fn = ts.make_train_step(
         run.method,
         run.net,

@@ -21,8 +21,8 @@ if "--xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
 from absl import app, flags, logging  # noqa: E402 (after aot_env.ensure)
 from ml_collections import config_flags  # noqa: E402 (after aot_env.ensure)
 
-from aepg_jax import cli  # noqa: E402 (after aot_env.ensure)
 from aepg_jax.plan import report  # noqa: E402 (after aot_env.ensure)
+from aepg_jax.system import cli  # noqa: E402 (after aot_env.ensure)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, configs/<name>.py[:args], as for aepg_jax.main.", lock_config=True

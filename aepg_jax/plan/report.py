@@ -10,7 +10,7 @@ from typing import TextIO
 
 import ml_collections
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.plan import analysis, programs, project, shapes, targets
 from aepg_jax.plan.targets import GiB, Target
 
@@ -74,7 +74,7 @@ def _header(cfg, run, out: TextIO) -> None:
 
 def plan_target(cfg, run, target: Target, out: TextIO) -> list[analysis.Cost]:
     """Compiles and prints every program of `run` on `target`; raises `Misfit`."""
-    config_lib.validate(shapes.random_init(cfg), target.num_devices)
+    schema.validate(shapes.random_init(cfg), target.num_devices)
     chip = target.chip
     print(
         f"\n== {target.label}: {chip.description}, {chip.hbm / GiB:.1f} GiB HBM per chip ==",

@@ -20,7 +20,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.continual import setup
 from aepg_jax.data import embedded, loader, splits
 
@@ -58,7 +58,7 @@ def dataset_labels(
 def run_data(cfg: ml_collections.ConfigDict, sizes=None) -> setup.RunData:
     """The run's `RunData` with its real task split and no images (`train`/`test` None)."""
     train, test, classes = dataset_labels(cfg, sizes)
-    config_lib.validate_against_dataset(cfg, classes)
+    schema.validate_against_dataset(cfg, classes)
     d = cfg.data
     tasks = splits.make_class_incremental(
         train,

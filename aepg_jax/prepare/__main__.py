@@ -31,8 +31,8 @@ import fcntl
 import os
 import sys
 
-from aepg_jax import cli
 from aepg_jax.prepare import archives, builders, folder_build, tfds_build
+from aepg_jax.system import cli
 
 NAMES = (*builders.BUILDERS, *folder_build.NUM_CLASSES)
 

@@ -36,7 +36,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from aepg_jax import partition
+from aepg_jax.models import partition
 
 META_DIGEST = "_meta"  # key of the meta's own digest in meta["digests"]
 

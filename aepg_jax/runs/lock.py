@@ -233,7 +233,7 @@ def hold_run(workdir: str) -> Iterator[None]:
     follow its outcome, so that all of them run, or all raise Busy, alike."""
     import jax
 
-    from aepg_jax import hosts
+    from aepg_jax.system import hosts
 
     if jax.process_count() == 1:
         with hold(workdir):

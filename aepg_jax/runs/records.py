@@ -103,6 +103,11 @@ class MetricsWriter:
         if self.events is not None:
             self.events.record(to_jsonable(line))
 
+    def text(self, tag: str, value: Any) -> None:
+        """`value` (a config, say) as text in the event file, when there is one."""
+        if self.events is not None:
+            self.events.text(tag, to_jsonable(value))
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

@@ -60,10 +60,9 @@ class EventWriter:
             self._writer.add_scalar(tag, value, global_step=int(step))
 
     def text(self, tag: str, value: Any) -> None:
-        """`value` as JSON in a code block (TensorBoard renders text as Markdown)."""
-        from aepg_jax.runs.records import to_jsonable
-
-        body = json.dumps(to_jsonable(value), indent=1, sort_keys=True)
+        """`value` (JSON-ready: `records.to_jsonable`) as JSON in a code block (TensorBoard
+        renders text as Markdown)."""
+        body = json.dumps(value, indent=1, sort_keys=True)
         self._writer.add_text(tag, "\n".join("    " + line for line in body.splitlines()), 0)
 
     def flush(self) -> None:

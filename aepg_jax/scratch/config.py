@@ -19,7 +19,7 @@ Fields (defaults in brackets; SPEC §9 and SPEC_BASELINES §6 Decisions):
   data.max_train_examples [None]  use only the first N training examples (CPU demos)
   model.preset [resnet50]      resnet50 | resnet18 | resnet_small (models/resnet.py); the
   model.block / model.stage_sizes / model.width   fields it sets (override for tiny tests)
-  loss.*                       as config_lib: name [mix], alpha [0.2], gamma, smoothing, beta
+  loss.*                       as config.schema: name [mix], alpha [0.2], gamma, smoothing, beta
   schedule.*                   alpha_t of `aepg` over the whole run (name [sigmoid], tau, alpha)
   optim.learning_rate [0.1] / optim.momentum [0.9] / optim.nesterov [False]
   optim.weight_decay [0.0]     L2 added to the gradient before momentum (torch SGD)
@@ -39,7 +39,8 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-from aepg_jax import config_checks, config_lib, losses, schedules
+from aepg_jax import losses, schedules
+from aepg_jax.config import schema, validation
 from aepg_jax.models import resnet
 
 SOURCES = ("tfds", "fashion_mnist", "digits")
@@ -101,7 +102,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     d, m, o = cfg.data, cfg.model, cfg.optim
     _check(cfg.trainer == "scratch", f"trainer={cfg.trainer!r}: this config is 'scratch'.", p)
     _check(cfg.num_seeds >= 1, f"num_seeds={cfg.num_seeds} must be >= 1.", p)
-    config_checks.float_problems(cfg, p)
+    validation.float_problems(cfg, p)
     _check(d.source in SOURCES, f"data.source={d.source!r}: use one of {SOURCES}.", p)
     _check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=cifar10|...", p)
     _check(d.image_size >= 1, f"data.image_size={d.image_size} must be >= 1.", p)
@@ -128,11 +129,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     )
     _check(m.width >= 1, f"model.width={m.width} must be >= 1.", p)
     try:
-        losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg))
+        losses.get_loss(cfg.loss.name, **schema.loss_kwargs(cfg))
     except ValueError as err:
         p.append(f"loss: {err}")
     try:
-        schedules.get_schedule(cfg.schedule.name, 1, **config_lib.schedule_kwargs(cfg))
+        schedules.get_schedule(cfg.schedule.name, 1, **schema.schedule_kwargs(cfg))
     except (ValueError, TypeError) as err:
         p.append(f"schedule: {err}")
     _check(o.learning_rate > 0, f"optim.learning_rate={o.learning_rate} must be > 0.", p)

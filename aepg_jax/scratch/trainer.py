@@ -30,7 +30,8 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from aepg_jax import config_lib, environment, losses, progress, schedules
+from aepg_jax import losses, schedules
+from aepg_jax.config import schema
 from aepg_jax.data import loader
 from aepg_jax.models import resnet
 from aepg_jax.runs import checkpointing, records
@@ -39,6 +40,7 @@ from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import data as scratch_data
 from aepg_jax.scratch import results as scratch_results
 from aepg_jax.scratch import train_step as ts
+from aepg_jax.system import environment, progress
 
 
 def steps_per_epoch(num_examples: int, cfg: ml_collections.ConfigDict) -> int:
@@ -85,13 +87,13 @@ class _Run:
             self.steps_per_epoch,
         )
         self.annealed = losses.is_annealed(cfg.loss.name)
-        self.fixed_alpha = losses.fixed_alpha(cfg.loss.name, **config_lib.loss_kwargs(cfg))
+        self.fixed_alpha = losses.fixed_alpha(cfg.loss.name, **schema.loss_kwargs(cfg))
         step = ts.make_train_step(
             self.model.apply,
-            losses.get_loss(cfg.loss.name, **config_lib.loss_kwargs(cfg)),
+            losses.get_loss(cfg.loss.name, **schema.loss_kwargs(cfg)),
             self.annealed,
             schedules.get_schedule(
-                cfg.schedule.name, self.total_steps, **config_lib.schedule_kwargs(cfg)
+                cfg.schedule.name, self.total_steps, **schema.schedule_kwargs(cfg)
             ),
             self.tx,
             self.lr_schedule,
@@ -109,8 +111,7 @@ class _Run:
             for d in self.seed_dirs
         ]
         for writer in self.writers:
-            if writer.events is not None:
-                writer.events.text("config", cfg)
+            writer.text("config", cfg)
         self.history: list[list[dict[str, float]]] = [[] for _ in self.seeds]
         self.elapsed_before = 0.0
 

@@ -37,8 +37,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax import partition
-from aepg_jax.models import vit
+from aepg_jax.models import partition, vit
 
 Params = dict[str, Any]
 Batch = dict[str, jax.Array]

@@ -40,7 +40,6 @@ import numpy as np
 import tqdm
 from flax import traverse_util
 
-from aepg_jax import partition
 from aepg_jax.continual.methods import dualgpm
 from aepg_jax.continual.methods.base import (
     Method,
@@ -54,7 +53,7 @@ from aepg_jax.continual.methods.base import (
     softmax_probs,
 )
 from aepg_jax.data import augment
-from aepg_jax.models import vit
+from aepg_jax.models import partition, vit
 
 # InfLoRA's code (configs/mimg10_inflora*.json, SPEC_BASELINES §5): Adam 5e-4, batch 128, 50
 # epochs with the per-epoch cosine decay, no clipping; B_t trains with the head from the start.

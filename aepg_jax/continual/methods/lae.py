@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax import partition
 from aepg_jax.continual.methods.base import (
     Method,
     Network,
@@ -28,6 +27,7 @@ from aepg_jax.continual.methods.base import (
     peft_of,
     softmax_probs,
 )
+from aepg_jax.models import partition
 
 
 class LAE(Method):

@@ -22,10 +22,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax import partition
 from aepg_jax.continual.methods import base
 from aepg_jax.continual.methods.base import Method, Network, Params, TaskSpec, softmax_probs
-from aepg_jax.models import vit
+from aepg_jax.models import partition, vit
 
 PROMPT = "prompt"  # top-level key of the prompt leaves in the trainable tree
 EPS = 1e-12

@@ -5,8 +5,8 @@ A `Grid` is one row of configs/README.md's runs table: `configs/imagenet_r.py` w
 `tasks=5/10/20,method=plain,loss=ce/aepg,seed=0/1/2/3/4` is the product of the `/`-separated
 values (30 runs). An `Experiment` is a list of grids, deduplicated into `Run`s, and the `Table`s
 (rows x columns, each cell a selection of runs and a metric) and `Plot`s built from their
-results. The paper's experiments are in `aepg_jax/paper.py`; `get(name)` finds one, or loads
-`EXPERIMENT` from a Python file (`--experiment=path/to/file.py`).
+results. The paper's experiments are in `aepg_jax/experiments/paper.py`; `registry.get(name)` finds
+one, or loads `EXPERIMENT` from a Python file (`--experiment=path/to/file.py`).
 
 Each run has a workdir name, `<config stem>/<key=value,...>`: its arguments sorted (seed last),
 without those that leave the config as its default (so that Table 3's `loss=aepg` and Table 8's
@@ -24,7 +24,7 @@ import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SEED = "seed"
 CONFIG_KEY = "config"  # pseudo-argument of a selection: the config file's stem
 
@@ -285,31 +285,3 @@ def filter_runs(runs: Sequence[Run], where: str | None) -> list[Run]:
 def count(grids: Sequence[Grid]) -> int:
     """The number of runs of `grids` (before identical ones are merged)."""
     return sum(math.prod(len(v) for _, v in parse_spec(g.spec)) for g in grids)
-
-
-def registry() -> dict[str, Experiment]:
-    """The paper's experiments and the demo, by name."""
-    from aepg_jax import paper  # the data module imports this one
-
-    return {e.name: e for e in paper.EXPERIMENTS}
-
-
-def get(name: str) -> Experiment:
-    """An experiment by name (or by its tables' `\\label`), or `EXPERIMENT` of a `.py` file."""
-    if name.endswith(".py"):
-        path = pathlib.Path(name)
-        if not path.exists():
-            raise ValueError(f"--experiment={name}: no such file.")
-        spec = importlib.util.spec_from_file_location(f"_experiment_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if not isinstance(getattr(module, "EXPERIMENT", None), Experiment):
-            raise ValueError(
-                f"--experiment={name}: the file defines no EXPERIMENT = Experiment(...)."
-            )
-        return module.EXPERIMENT
-    known = registry()
-    for e in known.values():
-        if name == e.name or any(name == t.label for t in e.tables if t.label):
-            return e
-    raise ValueError(f"--experiment={name} is unknown; use one of {', '.join(known)}.")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from aepg_jax import cli
-from aepg_jax import sweep_layout as layout
+from aepg_jax.experiments import layout
+from aepg_jax.system import cli
 
 
 def load_config(config_arg: str, overrides: Sequence[str]):

@@ -36,11 +36,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from aepg_jax import hosts, losses, partition, progress
+from aepg_jax import losses
 from aepg_jax.data import augment, cache, datasets, loader
-from aepg_jax.models import vit
+from aepg_jax.models import partition, vit
+from aepg_jax.system import hosts, progress
 
-ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 SHIPPED_MANIFEST = os.path.join(ASSETS_DIR, "backbones.json")
 _NOT_IN_KEY = ("cache_dir", "shipped")  # where the file lives, not what it holds
 

@@ -100,7 +100,8 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
-from aepg_jax import config_checks, input_files, losses, schedules
+from aepg_jax import losses, schedules
+from aepg_jax.config import input_files, validation
 from aepg_jax.continual import methods
 from aepg_jax.models import vit
 
@@ -193,31 +194,31 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     """Raises ValueError listing every impossible value, each with what to change (every
     float field must also be finite and within float32's range)."""
     p: list[str] = []
-    config_checks.check(
+    validation.check(
         cfg.get("trainer", "continual") == "continual",
         f"trainer={cfg.get('trainer')!r}: this config schema is the continual trainer's.",
         p,
     )
-    config_checks.float_problems(cfg, p)
-    config_checks.data_problems(cfg, p)
-    config_checks.model_problems(cfg, p)
+    validation.float_problems(cfg, p)
+    validation.data_problems(cfg, p)
+    validation.model_problems(cfg, p)
     p.extend(input_files.problems(cfg))  # weights and split files: cheap reads, no arrays
-    config_checks.pretrain_problems(cfg, p)
-    config_checks.training_problems(cfg, num_devices, p)
-    config_checks.check(
+    validation.pretrain_problems(cfg, p)
+    validation.training_problems(cfg, num_devices, p)
+    validation.check(
         cfg.method.name in methods.REGISTRY,
         f"method.name={cfg.method.name!r}: use one of {tuple(methods.REGISTRY)}.",
         p,
     )
     for method in methods.REGISTRY.values():  # every method's fields, whichever runs
         p.extend(method.check(cfg))
-    config_checks.positive_ints({"log_every_steps": cfg.log_every_steps}, p)
-    config_checks.check(
-        config_checks.is_int(cfg.checkpoint_every_steps) and cfg.checkpoint_every_steps >= 0,
+    validation.positive_ints({"log_every_steps": cfg.log_every_steps}, p)
+    validation.check(
+        validation.is_int(cfg.checkpoint_every_steps) and cfg.checkpoint_every_steps >= 0,
         f"checkpoint_every_steps={cfg.checkpoint_every_steps} must be >= 0 (0: per task).",
         p,
     )
-    config_checks.check(
+    validation.check(
         cfg.max_steps_per_task is None or cfg.max_steps_per_task >= 1,
         f"max_steps_per_task={cfg.max_steps_per_task} must be unset or >= 1.",
         p,

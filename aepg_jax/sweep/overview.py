@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from aepg_jax import sweep_layout as layout
+from aepg_jax.experiments import layout
 from aepg_jax.runs import lock
 
 

@@ -1,4 +1,4 @@
-"""Runs an experiment's runs (a paper table or figure, `aepg_jax/paper.py`), resumably.
+"""Runs an experiment's runs (a paper table or figure, `aepg_jax/experiments/paper.py`), resumably.
 
     python -m aepg_jax.sweep --experiment=NAME --workdir=DIR [--list | --status]
         [--where key=value,...] [--shard=i/n] [--vmap_seeds]
@@ -6,12 +6,12 @@
 
 Before any run, every `--config.*` override is applied to every run's config and validated: a
 bad one stops the sweep with one `error:` line (exit 2). The process is then a worker
-(`sweep_claims.py`): it claims the next unclaimed, unfinished run (most expensive first, by
+(`claims.py`): it claims the next unclaimed, unfinished run (most expensive first, by
 `plan/estimate.py`) through the run's lock, until none is left, so that any number of sweep
 processes on one DIR (one per GPU, a SLURM array, a second node) share the runs and a run whose
 worker died is claimed again and resumes. Every run goes through
 `aepg_jax.main.execute` with `aepg_jax.main`'s command-line semantics: same workdir
-(`DIR/<run name>`, see `sweep_layout.py`), same config checks, same resume (an interrupted run
+(`DIR/<run name>`, see `experiments/layout.py`), same config checks, same resume (an interrupted run
 continues from its last checkpoint). A run's own output goes to `<workdir>/sweep.log`; the
 sweep prints one line per run (index, name, A_T when done, the sweep's ETA). A run that fails
 is recorded (`<workdir>/sweep_error.txt`, its error line printed) and the sweep goes on; it
@@ -20,7 +20,7 @@ exits with status 1 at the end if any failed. `--config.*` overrides (weights, d
 i-th (static sharding); `--slurm` prints an sbatch array script of workers; `--vmap_seeds` runs
 the consecutive seeds of a cell as one `num_seeds` program (`README`, "Many seeds in one
 program"). `--status` prints each run's status (done, running: worker, since, task t of T,
-failed: its error line, partial, todo; `sweep_status.py`), `--list` also their `aepg_jax.main`
+failed: its error line, partial, todo; `overview.py`), `--list` also their `aepg_jax.main`
 commands; both work without --workdir (status unknown). `python -m aepg_jax.tables DIR` then
 prints the tables.
 """
@@ -37,12 +37,14 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from aepg_jax import cli, experiments, sweep_claims, sweep_configs, sweep_status
-from aepg_jax import sweep_layout as layout
+from aepg_jax import experiments
+from aepg_jax.experiments import layout, registry
 from aepg_jax.runs import lock
+from aepg_jax.sweep import claims, overview, preflight
+from aepg_jax.system import cli
 
 EXIT_FAILED_RUNS = 1
-load_config = sweep_configs.load_config
+load_config = preflight.load_config
 
 
 class _Parser(argparse.ArgumentParser):
@@ -158,7 +160,7 @@ def run_unit(unit: layout.Unit, root: str, overrides: Sequence[str]) -> dict:
             f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {unit.command(root, overrides)}", flush=True
         )
         try:
-            cfg = sweep_configs.load_config(unit.config_arg, unit.overrides(overrides))
+            cfg = preflight.load_config(unit.config_arg, unit.overrides(overrides))
             return main.execute(cfg, workdir)
         except Exception:
             traceback.print_exc()
@@ -175,7 +177,7 @@ def _error_line(err: BaseException) -> str:
 
 
 def select(args: argparse.Namespace) -> tuple[experiments.Experiment, list[layout.Unit]]:
-    experiment = experiments.get(args.experiment)
+    experiment = registry.get(args.experiment)
     runs = experiment.runs()
     known = {experiments.CONFIG_KEY, *(k for r in runs for k, _ in r.args)}
     for piece in filter(None, (args.where or "").split(",")):
@@ -196,16 +198,16 @@ def print_list(
 ) -> None:
     width = len(str(len(units)))
     for k, unit in mine:
-        print(sweep_status.line(root, unit, f"[{k + 1:>{width}}/{len(units)}]"))
+        print(overview.line(root, unit, f"[{k + 1:>{width}}/{len(units)}]"))
         if commands:
             print(f"    {unit.command(root or '<workdir>', overrides)}")
     if root is not None:
-        counts = sweep_status.counts(root, [u for _, u in mine])
+        counts = overview.counts(root, [u for _, u in mine])
         print(", ".join(f"{n} {word}" for word, n in counts.items()))
 
 
 def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: int) -> str:
-    """An sbatch array script: each task is a sweep worker (`sweep_claims.py`), with the
+    """An sbatch array script: each task is a sweep worker (`claims.py`), with the
     user's `--shard` if given."""
     size = min(args.array_size or n_units, n_units)
     root = os.path.abspath(args.workdir)
@@ -252,13 +254,13 @@ def sweep(
     mine,
     cost: dict[str, float] | None = None,
 ) -> tuple[int, bool]:
-    """Works on this shard's unfinished units (`sweep_claims.work`, most expensive first by
+    """Works on this shard's unfinished units (`claims.work`, most expensive first by
     `cost`); the number that failed here, and whether one failed to write a checkpoint (Orbax's
     threads of a failed save never finish: no interpreter shutdown may wait for them)."""
     from aepg_jax.runs import checkpointing
 
     started = time.time()
-    todo = sweep_claims.pending(root, mine, started)
+    todo = claims.pending(root, mine, started)
     print(
         f"{len(mine)} of {len(units)} runs in this shard: {len(mine) - len(todo)} done, "
         f"{len(todo)} to run.",
@@ -292,8 +294,8 @@ def sweep(
         eta = sum(spent) / len(spent) * left
         print(f"{head}  {status}  {_fmt_time(spent[-1])}, ETA {_fmt_time(eta)}", flush=True)
 
-    order = sweep_configs.by_cost(todo, cost or {})
-    sweep_claims.work(root, order, run_one, started)
+    order = preflight.by_cost(todo, cost or {})
+    claims.work(root, order, run_one, started)
     failed = tried.count(False)
     if failed:
         print(
@@ -327,7 +329,7 @@ def main(argv: Sequence[str]) -> int:
                 "--workdir is required: the sweep's directory (its runs' workdirs, the tables' "
                 "input), e.g. --workdir=runs/demo; --list and --status work without it."
             )
-        checked = sweep_configs.check(units, overrides)  # before anything is written
+        checked = preflight.check(units, overrides)  # before anything is written
     except ValueError as err:
         cli.fail(str(err))
     root = args.workdir
@@ -342,7 +344,7 @@ def main(argv: Sequence[str]) -> int:
         return 0
     from absl import flags, logging
 
-    from aepg_jax import memory
+    from aepg_jax.system import memory
 
     memory.apply_default()  # before the backend starts, as aepg_jax.main
     flags.FLAGS.mark_as_parsed()  # absl's own flags keep their defaults (no absl.app here)
@@ -351,10 +353,10 @@ def main(argv: Sequence[str]) -> int:
 
     try:  # the trainers' checks too, as aepg_jax.main runs them, still before any run
         own = {id(c.unit) for c in checked if c.cfg is None}
-        sweep_configs.check(
+        preflight.check(
             [u for u in units if id(u) not in own],
             overrides,
-            sweep_configs.trainer_validate(jax.device_count()),
+            preflight.trainer_validate(jax.device_count()),
         )
     except ValueError as err:
         cli.fail(str(err))
@@ -364,13 +366,13 @@ def main(argv: Sequence[str]) -> int:
     name = os.path.abspath(args.experiment) if args.experiment.endswith(".py") else experiment.name
     layout.write_sweep_file(root, name)
     try:
-        failed, save_failed = sweep(units, root, overrides, mine, sweep_configs.costs(checked))
+        failed, save_failed = sweep(units, root, overrides, mine, preflight.costs(checked))
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume.", file=sys.stderr)
         return 128 + signal.SIGINT
     status = EXIT_FAILED_RUNS if failed else 0
     if save_failed:
-        from aepg_jax import hosts
+        from aepg_jax.system import hosts
 
         hosts.leave(status, at_once=True)
     return status

@@ -15,8 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from aepg_jax import sweep_layout as layout
-from aepg_jax.experiments import Experiment, Plot, Run
+from aepg_jax.experiments import Experiment, Plot, Run, layout
 
 CURVE_AXES = ("task", "epoch")
 
@@ -62,14 +61,12 @@ def _draw_curves(ax, root: str, runs: Sequence[Run], plot: Plot) -> bool:
 
 
 def _draw_points(ax, root: str, runs: Sequence[Run], plot: Plot) -> bool:
-    from aepg_jax.tables import metric
-
     drawn = False
     for label, members in _groups(runs, plot.series).items():
         xs, means, stds = [], [], []
         for x, at_x in _groups(members, plot.x).items():
             values = [
-                metric(res, plot.metric)
+                layout.metric(res, plot.metric)
                 for res in filter(None, (layout.run_results(root, r) for r in at_x))
             ]
             values = [v for v in values if v is not None and math.isfinite(v)]

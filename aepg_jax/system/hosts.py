@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from aepg_jax.launch import (
+from aepg_jax.launch.launch import (
     CPU_COLLECTIVES,
     ENV_COORDINATOR,
     ENV_LAUNCHER_PID,

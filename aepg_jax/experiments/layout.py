@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import shlex
@@ -125,6 +126,16 @@ def shard(items: Sequence[Any], i: int, n: int) -> list[tuple[int, Any]]:
     """(position, item) of shard i of n: every n-th item from i, so that the n shards partition
     `items` whatever each has already finished."""
     return [(k, x) for k, x in enumerate(items) if k % n == i]
+
+
+def metric(results: dict, name: str) -> float | None:
+    """A number of one run's results.json: a key of it, or `H_T` (the entropy after the last
+    task)."""
+    if name == "H_T":
+        finite = [v for v in results.get("entropy") or [] if v is not None]
+        return finite[-1] if finite else None
+    value = results.get(name)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def read_json(path: pathlib.Path) -> dict | None:

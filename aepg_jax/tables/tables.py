@@ -2,12 +2,12 @@
 
     python -m aepg_jax.tables DIR [--experiment=NAME] [--format=markdown|latex|csv] [--out=FILE]
 
-For every cell of the experiment's tables (`aepg_jax/paper.py`): our mean ± sample std over
-the finished runs (seeds) with their number n, the published mean ± as printed, and
+For every cell of the experiment's tables (`aepg_jax/experiments/paper.py`): our mean ± sample
+std over the finished runs (seeds) with their number n, the published mean ± as printed, and
 Δ = ours - paper. A cell with runs missing shows how many are done (`3/5 done`) and how many
 failed; a cell whose |Δ| > max(1, 2 x the paper's ±) is marked `(!)`. The experiment is the
 one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it. Figure experiments also
-get their plots (`table_plots.py`), written to `DIR/plots/`. A run whose results file cannot be
+get their plots (`plots.py`), written to `DIR/plots/`. A run whose results file cannot be
 read (truncated, say) or holds a non-finite metric is named in one `warning:` line and counted
 as failed in its cell; the command then exits with status 1.
 """
@@ -26,9 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aepg_jax import cli, experiments
-from aepg_jax import sweep_layout as layout
-from aepg_jax.experiments import Column, Experiment, Published, Row, Table
+from aepg_jax.experiments import Column, Experiment, Published, Row, Table, layout, registry
+from aepg_jax.system import cli
 
 FORMATS = ("markdown", "latex", "csv")
 MARK = "(!)"
@@ -36,16 +35,6 @@ LEGEND = (
     "ours: mean ± std over seeds (n runs; `k/n done` while runs are missing); Δ = ours - paper; "
     f"{MARK}: |Δ| > max(1, 2 x paper ±)."
 )
-
-
-def metric(results: dict, name: str) -> float | None:
-    """A number of one run's results.json: a key of it, or `H_T` (the entropy after the last
-    task)."""
-    if name == "H_T":
-        finite = [v for v in results.get("entropy") or [] if v is not None]
-        return finite[-1] if finite else None
-    value = results.get(name)
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +95,7 @@ def cell(
     values, failed = [], 0
     for run in runs:
         results = layout.run_results(root, run)
-        value = None if results is None else metric(results, col.metric)
+        value = None if results is None else layout.metric(results, col.metric)
         problem = damage(root, run, results, col.metric) if value is None else None
         if value is not None:
             values.append(value)
@@ -278,7 +267,7 @@ def main(argv: Sequence[str]) -> int:
             "experiment with --experiment=NAME."
         )
     try:
-        experiment = experiments.get(name)
+        experiment = registry.get(name)
     except ValueError as err:
         cli.fail(str(err))
     warnings: set[str] = set()
@@ -295,9 +284,9 @@ def main(argv: Sequence[str]) -> int:
     for problem in sorted(warnings):
         print(f"warning: {problem}; counted as failed.", file=sys.stderr)
     if not args.no_plots:
-        from aepg_jax import table_plots
+        from aepg_jax.tables import plots
 
-        for path in table_plots.write_plots(args.dir, experiment):
+        for path in plots.write_plots(args.dir, experiment):
             print(f"plot: {path}", file=sys.stderr)
     return 1 if warnings else 0
 

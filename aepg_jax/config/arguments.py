@@ -5,7 +5,7 @@ as `get_config("tasks=10,peft=lora")`; the file turns that string into typed val
 `parse_arg`:
 
     def get_config(arg=None):
-        a = config_args.parse_arg(arg, tasks=10, peft="lora", noise=0.0)
+        a = arguments.parse_arg(arg, tasks=10, peft="lora", noise=0.0)
         ...                                    # a.tasks == 10 (int), a.noise == 0.0 (float)
 
 The paper configs (`configs/imagenet_r.py`, `food101.py`, `cub200.py`, `clrs25.py`) share the
@@ -20,7 +20,7 @@ from typing import Any
 
 import ml_collections
 
-from aepg_jax import config_lib
+from aepg_jax.config import schema
 from aepg_jax.continual import methods
 
 _TRUE, _FALSE = ("true", "1"), ("false", "0")
@@ -143,9 +143,9 @@ def paper_config(args: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     optim.* values; none for plain, lwf, lae) replace Table 5's; a method that brings its own
     parameters (`uses_model_peft` False: the prompt methods) gets `model.peft.kind=none`.
     `model.checkpoint` stays unset: the user passes the downloaded augreg `.npz` with
-    `--config.model.checkpoint=PATH`, and `config_lib.validate` rejects the config without it.
+    `--config.model.checkpoint=PATH`, and `schema.validate` rejects the config without it.
     """
-    c = config_lib.base_config("vit_b16")
+    c = schema.base_config("vit_b16")
     c.seed = args.seed
     c.data.label_noise = args.noise
     c.data.noise_seed = args.seed

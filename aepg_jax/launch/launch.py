@@ -5,7 +5,7 @@
 
 starts `python -m aepg_jax.main <the arguments after -->` N times with identical arguments; each
 process gets its own CPU devices (`JAX_NUM_CPU_DEVICES`), its id (`AEPG_PROCESS_ID`, see
-`aepg_jax/hosts.py`) and the coordinator address `127.0.0.1:<free port>`; JAX joins them over
+`aepg_jax/system/hosts.py`) and the coordinator address `127.0.0.1:<free port>`; JAX joins them over
 gloo (CPU collectives). The launcher waits for all of them and exits with their status. If
 one fails or dies, the others are stopped (SIGTERM, then SIGKILL after `--grace_s`) and the
 launcher names it and exits with its status (128 + signal for a killed process). If the
@@ -27,13 +27,14 @@ import sys
 import time
 from typing import NoReturn
 
-# The environment of a launched process, read by `aepg_jax.hosts` (this module imports no JAX).
+# The environment of a launched process, read by `aepg_jax.system.hosts` (this module imports
+# no JAX).
 ENV_NUM_PROCESSES = "AEPG_NUM_PROCESSES"
 ENV_PROCESS_ID = "AEPG_PROCESS_ID"
 ENV_LAUNCHER_PID = "AEPG_LAUNCHER_PID"
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 CPU_COLLECTIVES = "gloo"
-EXIT_USER_ERROR = 2  # a user error, reported on one line (as `aepg_jax.cli`)
+EXIT_USER_ERROR = 2  # a user error, reported on one line (as `aepg_jax.system.cli`)
 
 
 def free_port() -> int:
@@ -130,7 +131,7 @@ def supervise(
 ) -> int:
     """Waits for every process; at the first failure stops the others. The exit status.
 
-    A process that exits with status 2 printed a user error (`aepg_jax.cli`); the others get
+    A process that exits with status 2 printed a user error (`aepg_jax.system.cli`); the others get
     `grace_s` to stop by themselves, as they do on a config error (printed by process 0 only).
     If they all did and their output is `shown` here (no log_dir), that line is the only one."""
     try:
@@ -159,7 +160,7 @@ def supervise(
 
 
 def fail(message: str) -> NoReturn:
-    """Ends the launcher with one `error:` line (exit 2), as `aepg_jax.cli.fail`."""
+    """Ends the launcher with one `error:` line (exit 2), as `aepg_jax.system.cli.fail`."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(EXIT_USER_ERROR)
 

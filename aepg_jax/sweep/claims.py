@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from aepg_jax import sweep_layout as layout
+from aepg_jax.experiments import layout
 from aepg_jax.runs import lock
 
 ENV_POLL = "AEPG_SWEEP_POLL_S"

@@ -1,5 +1,5 @@
-"""The checks behind `config_lib.validate`: each appends one line per impossible value, naming
-the field and what to change, to the list `p` it is given. (Imports nothing of config_lib,
+"""The checks behind `schema.validate`: each appends one line per impossible value, naming
+the field and what to change, to the list `p` it is given. (Imports nothing of schema,
 which imports this module.)"""
 
 from __future__ import annotations

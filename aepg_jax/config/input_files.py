@@ -1,4 +1,4 @@
-"""Checks of the files a config names, cheap enough for `config_lib.validate` (before any data
+"""Checks of the files a config names, cheap enough for `schema.validate` (before any data
 work): the weights file `model.checkpoint` and the split file `data.split_file`.
 
 The weights check reads the `.npz`'s member list and each array's `.npy` header (shape), never
@@ -126,7 +126,7 @@ def checkpoint_problem(path: str | None, m: ml_collections.ConfigDict) -> str | 
     if not os.path.isfile(expanded):
         return f"model.checkpoint={path} does not exist: {_GET}; pass its local path."
     if not all(_positive_int(m[k]) for k in vit.ARCH_FIELDS):
-        return None  # the model's own fields are wrong: config_checks names them
+        return None  # the model's own fields are wrong: config.validation names them
     found, problem = _found_shapes(path, expanded, m)
     if problem:
         return problem

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import tqdm
-from absl import flags
+from absl import app, flags
 
-from aepg_jax import launch
+from aepg_jax.launch import launch
 
 EXIT_USER_ERROR = launch.EXIT_USER_ERROR
 
@@ -63,14 +63,14 @@ def _config_arg(argv: list[str]) -> str:
 def _config_fields(argv: list[str]) -> list[str]:
     """The dotted field names of the config that `--config=path[:arg]` names (the continual
     trainer's base config if it names none, or none that loads)."""
-    from aepg_jax import config_lib  # at error time only: the flags module stays light
+    from aepg_jax.config import schema  # at error time only: the flags module stays light
 
     path, _, arg = _config_arg(argv).removeprefix("--config=").partition(":")
     try:
-        cfg = config_lib.from_file(path, arg or None) if path != "--config" else None
+        cfg = schema.from_file(path, arg or None) if path != "--config" else None
     except Exception:  # a broken config file is reported once its flag is fixed
         cfg = None
-    cfg = cfg if cfg is not None else config_lib.base_config()
+    cfg = cfg if cfg is not None else schema.base_config()
 
     def leaves(d, prefix=""):
         for k, v in d.items():
@@ -136,10 +136,17 @@ def fail(
     exit_fn(EXIT_USER_ERROR)
 
 
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+
+
 def parse_flags(
     argv: list[str], config_flag, flag_values: flags.FlagValues = flags.FLAGS
 ) -> list[str]:
-    """absl's flag parsing, its failures reported by `fail` as one line."""
+    """absl's flag parsing, its failures reported by `fail` as one line; `--help` exits 0 (absl's
+    own help flag exits 1, which reads as a failure to scripts and CI)."""
+    help_flags = [a for a in argv[1:] if a in HELP_FLAGS]
+    if help_flags:
+        app.usage(shorthelp=help_flags[0] != "--helpfull", writeto_stdout=True, exitcode=0)
     try:
         rest = flag_values(argv)
         cfg = config_flag.value

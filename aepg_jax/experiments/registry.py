@@ -1,0 +1,39 @@
+"""The experiments by name: the paper's tables and figures, the demo, or a user's file.
+
+`get` is what `--experiment=NAME` of `aepg_jax.sweep` and `aepg_jax.tables` resolves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+from aepg_jax.experiments import paper
+from aepg_jax.experiments.spec import Experiment
+
+
+def registry() -> dict[str, Experiment]:
+    """The paper's experiments and the demo, by name."""
+
+    return {e.name: e for e in paper.EXPERIMENTS}
+
+
+def get(name: str) -> Experiment:
+    """An experiment by name (or by its tables' `\\label`), or `EXPERIMENT` of a `.py` file."""
+    if name.endswith(".py"):
+        path = pathlib.Path(name)
+        if not path.exists():
+            raise ValueError(f"--experiment={name}: no such file.")
+        spec = importlib.util.spec_from_file_location(f"_experiment_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if not isinstance(getattr(module, "EXPERIMENT", None), Experiment):
+            raise ValueError(
+                f"--experiment={name}: the file defines no EXPERIMENT = Experiment(...)."
+            )
+        return module.EXPERIMENT
+    known = registry()
+    for e in known.values():
+        if name == e.name or any(name == t.label for t in e.tables if t.label):
+            return e
+    raise ValueError(f"--experiment={name} is unknown; use one of {', '.join(known)}.")

@@ -1,0 +1,4 @@
+"""An experiment's tables (`tables`) and plots (`plots`) from a sweep's results.
+
+python -m aepg_jax.tables --help
+"""

@@ -1,0 +1,137 @@
+"""The package's shape (docs/architecture.md): no import circles, a short top level, the six
+commands' `--help`, and the flat layout's module names still importable by old config files."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "aepg_jax"
+COMMANDS = ("main", "sweep", "tables", "plan", "prepare", "launch")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    """Every module of the package by dotted name (a package by its own name)."""
+    mods = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = path
+    return mods
+
+
+def _imported(name: str, path: pathlib.Path, mods: dict) -> set[str]:
+    """The package's modules that `name` imports anywhere in its body (functions included),
+    with the parent packages Python imports first (except `name`'s own: a package that imports
+    its submodules, as a registry does, is no circle)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target.startswith("aepg_jax"):
+                if target in mods and not (name + ".").startswith(target + "."):
+                    found.add(target)
+                target = target.rpartition(".")[0]
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` (a list of modules, first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt, [*path, nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imported(name, path, mods) for name, path in mods.items()}
+
+
+def test_the_package_has_no_import_circle():
+    assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()) or [])
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_function_level_imports_count():
+    graph = _graph()
+    # tables imports plots inside main() (matplotlib only when plotting): still an edge
+    assert "aepg_jax.tables.plots" in graph["aepg_jax.tables.tables"]
+
+
+def test_the_top_level_holds_at_most_eight_modules():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 8, top
+    assert {"main", "losses", "schedules"} <= set(top)
+
+
+def test_the_flat_layouts_names_still_import():
+    import aepg_jax
+    from aepg_jax import config_args, config_lib, paper  # the names old config files use
+    from aepg_jax.config import arguments, schema
+    from aepg_jax.experiments import paper as moved_paper
+
+    assert config_lib is schema and config_args is arguments and paper is moved_paper
+    with pytest.raises(AttributeError, match="no_such_module"):
+        aepg_jax.no_such_module  # noqa: B018
+
+
+def test_a_config_file_written_for_the_flat_layout_loads(tmp_path):
+    old = tmp_path / "old_config.py"
+    old.write_text(
+        "from aepg_jax import config_lib\n\n"
+        "def get_config(arg=None):\n"
+        "    c = config_lib.base_config()\n"
+        "    c.seed = 7\n"
+        "    return c\n"
+    )
+    from aepg_jax.config import schema
+
+    namespace: dict = {}
+    exec(compile(old.read_text(), str(old), "exec"), namespace)
+    c = namespace["get_config"]()
+    assert c.seed == 7 and set(c.keys()) == set(schema.base_config().keys())
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_that_exits_0(command):
+    out = subprocess.run(
+        [sys.executable, "-m", f"aepg_jax.{command}", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage" in out.stdout.lower() or "python -m aepg_jax" in out.stdout, out.stdout[:500]
