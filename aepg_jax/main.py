@@ -32,7 +32,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from aepg_jax.checkpoints import augreg
-from aepg_jax.config import schema
+from aepg_jax.config import command_line, schema
 from aepg_jax.continual import loop
 from aepg_jax.runs import checkpointing, lock
 from aepg_jax.scratch import config as scratch_config
@@ -220,4 +220,4 @@ def _fail(err: Exception) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, _CONFIG))
+    app.run(main, flags_parser=lambda argv: command_line.parse_flags(argv, _CONFIG))

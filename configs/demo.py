@@ -18,8 +18,8 @@ Arguments (`configs/demo.py:key=value,...`, defaults in brackets):
 import importlib.util
 import pathlib
 
+from aepg_jax import methods
 from aepg_jax.config import arguments
-from aepg_jax.continual import methods
 
 
 def _default_config():

@@ -80,6 +80,36 @@ def test_the_package_has_no_import_circle():
     assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()) or [])
 
 
+# docs/architecture.md's layers, lowest first: a package imports from its own layer or below.
+LAYERS = (
+    ("launch", "system"),
+    ("losses", "schedules", "transforms", "data"),
+    ("models", "prepare"),
+    ("checkpoints", "methods"),
+    ("config",),
+    ("runs", "continual", "scratch", "plan"),
+    ("main",),
+    ("experiments", "sweep", "tables"),
+)
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_packages_import_only_their_own_layer_or_below():
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+    top = {_package(m) for m in _modules() if m != "aepg_jax"}
+    assert top == set(layer), f"not in docs/architecture.md's layers: {top ^ set(layer)}"
+    upward = sorted(
+        f"{a} -> {b}"
+        for a, targets in _graph().items()
+        for b in targets
+        if a != "aepg_jax" and b != "aepg_jax" and layer[_package(b)] > layer[_package(a)]
+    )
+    assert not upward, "\n".join(upward)
+
+
 def test_the_circle_finder_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None

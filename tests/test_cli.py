@@ -12,6 +12,7 @@ import tqdm
 from absl import flags
 from ml_collections import config_flags
 
+from aepg_jax.config import command_line
 from aepg_jax.system import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -22,7 +23,7 @@ def _parse(argv: list[str], capsys) -> str:
     fv = flags.FlagValues()
     config = config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
     with pytest.raises(SystemExit) as exit_info:
-        cli.parse_flags(["main", *argv], config, fv)
+        command_line.parse_flags(["main", *argv], config, fv)
     assert exit_info.value.code == cli.EXIT_USER_ERROR
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
@@ -121,9 +122,9 @@ def test_a_missing_workdir_gets_our_message(capsys):
     flags.DEFINE_string("workdir", None, "", flag_values=fv)
     flags.mark_flags_as_required(["config", "workdir"], flag_values=fv)
     with pytest.raises(SystemExit) as exit_info:
-        cli.parse_flags(["main", "--config=configs/default.py"], config, fv)
+        command_line.parse_flags(["main", "--config=configs/default.py"], config, fv)
     assert exit_info.value.code == cli.EXIT_USER_ERROR
-    assert capsys.readouterr().err.splitlines() == [f"error: {cli.REQUIRED['workdir']}"]
+    assert capsys.readouterr().err.splitlines() == [f"error: {command_line.REQUIRED['workdir']}"]
 
 
 def test_repeated_wrappers_of_an_xla_error_are_said_once():

@@ -13,9 +13,8 @@ import re
 import layout_npz
 import pytest
 
-from aepg_jax import losses, main, schedules
+from aepg_jax import losses, main, methods, schedules
 from aepg_jax.config import arguments, schema
-from aepg_jax.continual import methods
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"

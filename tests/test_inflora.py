@@ -13,7 +13,7 @@ from test_multiseed import _assert_same_run
 
 from aepg_jax.config import schema
 from aepg_jax.continual import loop, methods
-from aepg_jax.continual.methods import dualgpm, inflora
+from aepg_jax.methods import dualgpm, inflora
 from aepg_jax.models import partition, vit
 from aepg_jax.runs import records
 

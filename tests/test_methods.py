@@ -13,7 +13,7 @@ from test_driver import tiny_config
 
 from aepg_jax.config import schema
 from aepg_jax.continual import loop, methods
-from aepg_jax.continual.methods import base
+from aepg_jax.methods import base
 from aepg_jax.runs import checkpointing
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "aepg_jax"

@@ -18,7 +18,7 @@ from test_multiseed import _assert_same_run
 
 from aepg_jax.config import schema
 from aepg_jax.continual import loop
-from aepg_jax.continual.methods import (
+from aepg_jax.methods import (
     Network,
     TaskSpec,
     coda_prompt,

@@ -20,8 +20,8 @@ from typing import Any
 
 import ml_collections
 
+from aepg_jax import methods
 from aepg_jax.config import schema
-from aepg_jax.continual import methods
 
 _TRUE, _FALSE = ("true", "1"), ("false", "0")
 

@@ -61,7 +61,7 @@ Fields (defaults in brackets):
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
   method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora
-                               (continual/methods/, one module each)
+                               (methods/, one module each)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
                                decay); LwF lwf_temperature [1.0], lwf_weight [1.0];
@@ -100,9 +100,8 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
-from aepg_jax import losses, schedules
+from aepg_jax import losses, methods, schedules
 from aepg_jax.config import input_files, validation
-from aepg_jax.continual import methods
 from aepg_jax.models import vit
 
 

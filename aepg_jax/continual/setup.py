@@ -16,10 +16,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from aepg_jax import losses
+from aepg_jax import losses, methods
 from aepg_jax.checkpoints import augreg, weights
 from aepg_jax.config import schema
-from aepg_jax.continual import methods
 from aepg_jax.continual import train_step as ts
 from aepg_jax.data import cache, datasets, loader, splits
 from aepg_jax.models import partition, pretrain, vit

@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import optax
 
 from aepg_jax import losses
-from aepg_jax.continual.methods import Method, Network, TaskSpec
-from aepg_jax.continual.methods.base import NEG
 from aepg_jax.data import augment
+from aepg_jax.methods import Method, Network, TaskSpec
+from aepg_jax.methods.base import NEG
 from aepg_jax.models import partition
 
 Params = dict[str, Any]

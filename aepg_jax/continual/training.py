@@ -14,9 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from aepg_jax import schedules
+from aepg_jax import methods, schedules
 from aepg_jax.config import schema
-from aepg_jax.continual import methods
 from aepg_jax.continual import state as state_lib
 from aepg_jax.continual import train_step as ts
 from aepg_jax.continual.bookkeeping import Bookkeeping

@@ -21,6 +21,7 @@ if "--xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
 from absl import app, flags, logging  # noqa: E402 (after aot_env.ensure)
 from ml_collections import config_flags  # noqa: E402 (after aot_env.ensure)
 
+from aepg_jax.config import command_line  # noqa: E402 (after aot_env.ensure)
 from aepg_jax.plan import report  # noqa: E402 (after aot_env.ensure)
 from aepg_jax.system import cli  # noqa: E402 (after aot_env.ensure)
 
@@ -57,4 +58,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, _CONFIG))
+    app.run(main, flags_parser=lambda argv: command_line.parse_flags(argv, _CONFIG))

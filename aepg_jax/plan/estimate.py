@@ -20,7 +20,7 @@ import math
 
 import ml_collections
 
-from aepg_jax.continual import methods
+from aepg_jax import methods
 
 
 def forward_flops(model: ml_collections.ConfigDict) -> float:

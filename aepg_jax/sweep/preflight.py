@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from aepg_jax.config import command_line
 from aepg_jax.experiments import layout
 from aepg_jax.system import cli
 
@@ -32,7 +33,7 @@ def load_config(config_arg: str, overrides: Sequence[str]):
         cfg = flag.value
         cfg.get("seed")  # a config file that could not be loaded raises here
     except Exception as err:
-        raise ValueError(cli.describe(argv, err)) from None
+        raise ValueError(command_line.describe(argv, err)) from None
     return cfg
 
 

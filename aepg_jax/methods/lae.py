@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax.continual.methods.base import (
+from aepg_jax.methods.base import (
     Method,
     Network,
     Params,

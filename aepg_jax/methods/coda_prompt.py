@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from aepg_jax.continual.methods import prompting
-from aepg_jax.continual.methods.base import Params
+from aepg_jax.methods import prompting
+from aepg_jax.methods.base import Params
 from aepg_jax.models import vit
 
 _RESTART_NORM = 1e-4  # a fresh vector this close to the span of the earlier rows is redrawn

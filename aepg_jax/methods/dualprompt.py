@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax.continual.methods import prompting
-from aepg_jax.continual.methods.base import Params, TaskContext, TaskSpec
+from aepg_jax.methods import prompting
+from aepg_jax.methods.base import Params, TaskContext, TaskSpec
 from aepg_jax.models import vit
 
 # DualPrompt's reference run (dualprompt-pytorch main.py, configs/imr_dualprompt.py): Adam at

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax.continual.methods import prompting
-from aepg_jax.continual.methods.base import Params
+from aepg_jax.methods import prompting
+from aepg_jax.methods.base import Params
 from aepg_jax.models import vit
 
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from aepg_jax import losses
-from aepg_jax.continual.methods.base import Method, Network, Params, TaskContext, TaskSpec
+from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec
 from aepg_jax.models import partition
 
 

@@ -40,8 +40,9 @@ import numpy as np
 import tqdm
 from flax import traverse_util
 
-from aepg_jax.continual.methods import dualgpm
-from aepg_jax.continual.methods.base import (
+from aepg_jax.data import augment
+from aepg_jax.methods import dualgpm
+from aepg_jax.methods.base import (
     Method,
     Network,
     Params,
@@ -52,7 +53,6 @@ from aepg_jax.continual.methods.base import (
     out_of_depth_problems,
     softmax_probs,
 )
-from aepg_jax.data import augment
 from aepg_jax.models import partition, vit
 
 # InfLoRA's code (configs/mimg10_inflora*.json, SPEC_BASELINES §5): Adam 5e-4, batch 128, 50

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax.continual.methods import base
-from aepg_jax.continual.methods.base import Method, Network, Params, TaskSpec, softmax_probs
+from aepg_jax.methods import base
+from aepg_jax.methods.base import Method, Network, Params, TaskSpec, softmax_probs
 from aepg_jax.models import partition, vit
 
 PROMPT = "prompt"  # top-level key of the prompt leaves in the trainable tree

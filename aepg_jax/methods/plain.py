@@ -3,7 +3,7 @@ configured loss; nothing else. All of its behaviour is `Method`'s default."""
 
 from __future__ import annotations
 
-from aepg_jax.continual.methods.base import Method
+from aepg_jax.methods.base import Method
 
 
 class Plain(Method):

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from aepg_jax.continual.methods.base import Method, Network, TaskContext, TaskSpec
-from aepg_jax.continual.methods.coda_prompt import CodaPrompt
-from aepg_jax.continual.methods.dualprompt import DualPrompt
-from aepg_jax.continual.methods.inflora import InfLoRA
-from aepg_jax.continual.methods.l2p import L2P
-from aepg_jax.continual.methods.lae import LAE
-from aepg_jax.continual.methods.lwf import LwF
-from aepg_jax.continual.methods.plain import Plain
+from aepg_jax.methods.base import Method, Network, TaskContext, TaskSpec
+from aepg_jax.methods.coda_prompt import CodaPrompt
+from aepg_jax.methods.dualprompt import DualPrompt
+from aepg_jax.methods.inflora import InfLoRA
+from aepg_jax.methods.l2p import L2P
+from aepg_jax.methods.lae import LAE
+from aepg_jax.methods.lwf import LwF
+from aepg_jax.methods.plain import Plain
 
 REGISTRY: dict[str, type[Method]] = {
     m.name: m for m in (Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA)
