@@ -11,8 +11,9 @@ import pytest
 from test_driver import REPO, _run_subprocess, tiny_config
 from test_multiseed import _assert_same_run
 
+from aepg_jax import methods
 from aepg_jax.config import schema
-from aepg_jax.continual import loop, methods
+from aepg_jax.continual import loop
 from aepg_jax.methods import dualgpm, inflora
 from aepg_jax.models import partition, vit
 from aepg_jax.runs import records

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import pytest
 from test_driver import tiny_config
 
+from aepg_jax import methods
 from aepg_jax.config import schema
-from aepg_jax.continual import loop, methods
+from aepg_jax.continual import loop
 from aepg_jax.methods import base
 from aepg_jax.runs import checkpointing
 

@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aepg_jax import losses, methods, metrics, training
+from aepg_jax import losses, methods
+from aepg_jax.continual import metrics, training
 from aepg_jax.continual import train_step as ts
 from aepg_jax.continual.setup import Run
 from aepg_jax.data import augment, loader

@@ -19,7 +19,8 @@ import os
 
 import ml_collections
 
-from aepg_jax.continual import evaluation, fit, methods, resume, setup, training
+from aepg_jax import methods
+from aepg_jax.continual import evaluation, fit, resume, setup, training
 from aepg_jax.continual import report as report_lib
 from aepg_jax.continual import state as state_lib
 from aepg_jax.continual import train_step as ts
