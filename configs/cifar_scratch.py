@@ -18,18 +18,31 @@ cifar100 --source=cifar-100-python.tar.gz --data_dir=DIR` (or `tfds build cifar1
 --file_format=array_record --data_dir=DIR` with TensorFlow); add `--config.data.data_dir=DIR`
 unless DIR is TFDS's default.
 
-    # Table 4 and Fig. 4: both datasets, alpha 0 / 0.2 / 0.5 / 1, 3 seeds (24 runs).
-    for d in cifar10 cifar100; do for a in 0 0.2 0.5 1; do for s in 0 1 2; do
-      python -m aepg_jax.main --config=configs/cifar_scratch.py:dataset=$d,alpha=$a,seed=$s \
-        --workdir=runs/scratch/$d-a$a-s$s
-    done; done; done
+The paper's runs of this config are data (`aepg_jax/experiments/paper.py`, experiments `table4`,
+`fig4`); list them with their `aepg_jax.main` commands (`--where=key=value,...` narrows the list,
+e.g. `--where=seed=0`):
+
+    python -m aepg_jax.sweep --experiment=paper --where=config=cifar_scratch --list
+    python -m aepg_jax.sweep --experiment=table4 --list      # or another experiment above
+
+One of them:
+
+    # Table 4: CIFAR-100, alpha 0.2, seed 0.
+    python -m aepg_jax.main --config=configs/cifar_scratch.py:dataset=cifar100,alpha=0.2,seed=0 \
+      --workdir=runs/scratch/cifar100-a0.2-s0
+
+Run a whole experiment, resumably, and set our numbers beside the paper's (docs/paper.md):
+
+    python -m aepg_jax.sweep --experiment=table4 --workdir=runs/table4
+    python -m aepg_jax.tables runs/table4
 
     # The 3 seeds of one cell as one vmapped program (results_seeds.json: mean +- std).
     python -m aepg_jax.main --config=configs/cifar_scratch.py:dataset=cifar100,alpha=0.2 \
       --config.num_seeds=3 --workdir=runs/scratch/cifar100-a0.2-3seeds
 
     # Fig. 4: test accuracy and entropy of the alpha sweep in one picture.
-    python scripts/compare_scratch.py runs/scratch/cifar100-a*-s* --out fig4_cifar100.png
+    python scripts/compare_scratch.py runs/table4/cifar_scratch/*dataset=cifar100* \
+      --out fig4_cifar100.png
 """
 
 from aepg_jax.config import arguments

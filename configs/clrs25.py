@@ -15,7 +15,7 @@ Arguments (`configs/clrs25.py:key=value,...`, defaults in brackets):
 Data (required): CLRS is not in TFDS. Unpack it (ROOT/<class>/*, 25 class directories, 600
 images each, 256 px), check and copy it with `python -m aepg_jax.prepare clrs25 --source=ROOT
 --data_dir=DIR`, and pass `--config.data.data_dir=DIR/clrs25` (ROOT itself works too); the
-config leaves data.data_dir unset and `schema.validate` rejects it until you do. Train and
+config leaves data.data_dir unset and validation rejects it until you do. Train and
 test are a stratified 80/20 split drawn by data.split_seed (0, the same for every run). Weights
 (required): the augreg `B_16-i21k-300ep-...-res_224.npz` of the paper's footnote (see
 configs/README.md), passed with `--config.model.checkpoint=$CKPT`.
@@ -23,34 +23,25 @@ configs/README.md), passed with `--config.model.checkpoint=$CKPT`.
     CKPT=/path/to/B_16-i21k-300ep-...-res_224.npz
     CLRS=/path/to/CLRS
 
-    # Table 2: LAE and LAE+aEPG with LoRA, Adapter and Prefix, 3 seeds.
-    for p in lora adapter prefix; do for l in ce aepg; do for s in 0 1 2; do
-      python -m aepg_jax.main --config=configs/clrs25.py:peft=$p,method=lae,loss=$l,seed=$s \
-        --config.data.data_dir=$CLRS --config.model.checkpoint=$CKPT \
-        --workdir=runs/clrs25/t2_$p-$l-$s
-    done; done; done
+The paper's runs of this config are data (`aepg_jax/experiments/paper.py`, experiments `table2`,
+`table3`, `table6`, `table8`); list them with their `aepg_jax.main` commands
+(`--where=key=value,...` narrows the list, e.g. `--where=seed=0`):
 
-    # Table 3: entropy regularisers, LoRA, 5 seeds.
-    for l in ce focal label_smoothing confidence_penalty epg aepg entropy_penalty; do
-      for s in 0 1 2 3 4; do
-        python -m aepg_jax.main --config=configs/clrs25.py:method=plain,loss=$l,seed=$s \
-          --config.data.data_dir=$CLRS --config.model.checkpoint=$CKPT \
-          --workdir=runs/clrs25/t3_$l-$s
-    done; done
+    python -m aepg_jax.sweep --experiment=paper --where=config=clrs25 --list
+    python -m aepg_jax.sweep --experiment=table2 --list      # or another experiment above
 
-    # Table 6: 20% symmetric label noise, CE vs aEPG, 3 seeds.
-    for l in ce aepg; do for s in 0 1 2; do
-      python -m aepg_jax.main --config=configs/clrs25.py:method=plain,loss=$l,noise=0.2,seed=$s \
-        --config.data.data_dir=$CLRS --config.model.checkpoint=$CKPT \
-        --workdir=runs/clrs25/t6_$l-$s
-    done; done
+One of them:
 
-    # Table 8: tau of the sigmoid schedule.
-    for u in 4 6 8; do for s in 0 1 2 3 4; do
-      python -m aepg_jax.main --config=configs/clrs25.py:method=plain,tau=$u,seed=$s \
-        --config.data.data_dir=$CLRS --config.model.checkpoint=$CKPT \
-        --workdir=runs/clrs25/t8_tau$u-$s
-    done; done
+    # Table 2: LAE + aEPG with Adapter, seed 0.
+    python -m aepg_jax.main --config=configs/clrs25.py:peft=adapter,method=lae,loss=aepg,seed=0 \
+      --config.data.data_dir=$CLRS --config.model.checkpoint=$CKPT \
+      --workdir=runs/clrs25/t2_adapter-aepg-0
+
+Run a whole experiment, resumably, and set our numbers beside the paper's (docs/paper.md):
+
+    python -m aepg_jax.sweep --experiment=table2 --where=config=clrs25 --workdir=runs/table2 \
+      --config.model.checkpoint=$CKPT --config.data.data_dir=$CLRS
+    python -m aepg_jax.tables runs/table2
 """
 
 from aepg_jax.config import arguments

@@ -9,10 +9,18 @@ Arguments (`configs/demo.py:key=value,...`, defaults in brackets):
   loss [aepg]    any loss of the registry (ce, epg, aepg, ...)
   seed [0]
 
-    for m in plain lae coda_prompt; do for l in ce aepg; do for s in 0 1 2; do
-      python -m aepg_jax.main --config=configs/demo.py:method=$m,loss=$l,seed=$s \
-        --workdir=runs/demo/$m-$l-$s
-    done; done; done
+The demo's 18 runs (method plain / lae / coda_prompt x loss ce / aepg x seeds 0-2) are the
+experiment `demo` of `aepg_jax/experiments/paper.py`; list them with their commands, run them,
+and tabulate them with
+
+    python -m aepg_jax.sweep --experiment=demo --list
+    python -m aepg_jax.sweep --experiment=demo --workdir=runs/demo
+    python -m aepg_jax.tables runs/demo
+
+One of them:
+
+    python -m aepg_jax.main --config=configs/demo.py:method=lae,loss=aepg,seed=0 \
+      --workdir=runs/demo/lae
 """
 
 import importlib.util

@@ -19,18 +19,24 @@ paper's footnote (see configs/README.md), passed with `--config.model.checkpoint
 
     CKPT=/path/to/B_16-i21k-300ep-...-res_224.npz
 
-    # Table 2: LAE and LAE+aEPG with LoRA, Adapter and Prefix, 3 seeds.
-    for p in lora adapter prefix; do for l in ce aepg; do for s in 0 1 2; do
-      python -m aepg_jax.main --config=configs/food101.py:peft=$p,method=lae,loss=$l,seed=$s \
-        --config.model.checkpoint=$CKPT --workdir=runs/food101/t2_$p-$l-$s
-    done; done; done
+The paper's runs of this config are data (`aepg_jax/experiments/paper.py`, experiments `table2`,
+`table3`, `fig1`, `fig5`); list them with their `aepg_jax.main` commands (`--where=key=value,...`
+narrows the list, e.g. `--where=seed=0`):
 
-    # Table 3 (and Fig. 5): entropy regularisers, LoRA, 5 seeds. Fig. 1a: ce and epg.
-    for l in ce focal label_smoothing confidence_penalty epg aepg entropy_penalty; do
-      for s in 0 1 2 3 4; do
-        python -m aepg_jax.main --config=configs/food101.py:method=plain,loss=$l,seed=$s \
-          --config.model.checkpoint=$CKPT --workdir=runs/food101/t3_$l-$s
-    done; done
+    python -m aepg_jax.sweep --experiment=paper --where=config=food101 --list
+    python -m aepg_jax.sweep --experiment=table2 --list      # or another experiment above
+
+One of them:
+
+    # Table 2: LAE + aEPG with Adapter, seed 0.
+    python -m aepg_jax.main --config=configs/food101.py:peft=adapter,method=lae,loss=aepg,seed=0 \
+      --config.model.checkpoint=$CKPT --workdir=runs/food101/t2_adapter-aepg-0
+
+Run a whole experiment, resumably, and set our numbers beside the paper's (docs/paper.md):
+
+    python -m aepg_jax.sweep --experiment=table2 --workdir=runs/table2 \
+      --config.model.checkpoint=$CKPT
+    python -m aepg_jax.tables runs/table2
 """
 
 from aepg_jax.config import arguments

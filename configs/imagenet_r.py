@@ -30,83 +30,28 @@ and passed with `--config.model.checkpoint=$CKPT` (required). An image folder of
 also works: `--config.data.source=folder --config.data.data_dir=ROOT` with
 `--config.data.split_file=DIR/imagenet_r/0.2.0/l2p_split.json` (written by `prepare`: L2P's
 split, the same examples in the same order; without it a stratified 80/20 split by
-data.split_seed). Each loop below reproduces one table or figure;
-`configs/README.md` maps them all.
+data.split_seed). configs/README.md maps every table and figure to its runs.
 
     CKPT=/path/to/B_16-i21k-300ep-...-res_224.npz
 
-    # Table 1: LoRA, LwF-LoRA, LAE (LoRA), each with CE and aEPG, 5/10/20 tasks, 5 seeds.
-    for t in 5 10 20; do for m in plain lwf lae; do for l in ce aepg; do for s in 0 1 2 3 4; do
-      python -m aepg_jax.main --config=configs/imagenet_r.py:tasks=$t,method=$m,loss=$l,seed=$s \
-        --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/t1_$t-$m-$l-$s
-    done; done; done; done
+The paper's runs of this config are data (`aepg_jax/experiments/paper.py`, experiments `table1`,
+`table3`, `table6`, `table8`, `fig1`, `fig2`, `fig3a`, `fig3b`, `fig6`); list them with their
+`aepg_jax.main` commands (`--where=key=value,...` narrows the list, e.g. `--where=seed=0`):
 
-    # Table 1: L2P (L2P++), DualPrompt, CODA-Prompt with their reference settings, 5 seeds
-    # (loss=ce); loss=aepg gives "<method> + aEPG", settings=common the paper's Table 5 settings.
-    for t in 5 10 20; do for m in l2p dualprompt coda_prompt; do for l in ce aepg; do
-      for s in 0 1 2 3 4; do
-        python -m aepg_jax.main \
-          --config=configs/imagenet_r.py:tasks=$t,method=$m,loss=$l,seed=$s \
-          --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/t1_$t-$m-$l-$s
-    done; done; done; done
+    python -m aepg_jax.sweep --experiment=paper --where=config=imagenet_r --list
+    python -m aepg_jax.sweep --experiment=table1 --list      # or another experiment above
 
-    # Table 1: InfLoRA (blocks 0-4, rank 5, lamb 0.99, lame 1.0: the paper's Table 5) with its
-    # reference settings, 5 seeds; loss=aepg gives "InfLoRA + aEPG".
-    for t in 5 10 20; do for l in ce aepg; do for s in 0 1 2 3 4; do
-      python -m aepg_jax.main \
-        --config=configs/imagenet_r.py:tasks=$t,method=inflora,loss=$l,seed=$s \
-        --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/t1_$t-inflora-$l-$s
-    done; done; done
+One of them:
 
-    # Table 3 (and Fig. 2): entropy regularisers, LoRA, 10 tasks, 5 seeds. Fig. 1b: ce and epg.
-    for l in ce focal label_smoothing confidence_penalty epg aepg entropy_penalty; do
-      for s in 0 1 2 3 4; do
-        python -m aepg_jax.main --config=configs/imagenet_r.py:method=plain,loss=$l,seed=$s \
-          --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/t3_$l-$s
-    done; done
+    # Table 1: LAE + aEPG, 10 tasks, seed 0.
+    python -m aepg_jax.main --config=configs/imagenet_r.py:tasks=10,method=lae,loss=aepg,seed=0 \
+      --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/t1_10-lae-aepg-0
 
-    # Fig. 6: regularisation strength (focal gamma, label smoothing, confidence penalty beta).
-    for g in 0.5 1 2; do for s in 0 1 2 3 4; do
-      python -m aepg_jax.main \
-        --config=configs/imagenet_r.py:method=plain,loss=focal,gamma=$g,seed=$s \
-        --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/f6_focal$g-$s
-    done; done
-    for e in 0.01 0.05 0.1; do for s in 0 1 2 3 4; do
-      python -m aepg_jax.main \
-        --config=configs/imagenet_r.py:method=plain,loss=label_smoothing,smoothing=$e,seed=$s \
-        --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/f6_ls$e-$s
-    done; done
-    for b in 0.1 0.2; do for s in 0 1 2 3 4; do
-      python -m aepg_jax.main \
-        --config=configs/imagenet_r.py:method=plain,loss=confidence_penalty,beta=$b,seed=$s \
-        --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/f6_cp$b-$s
-    done; done
+Run a whole experiment, resumably, and set our numbers beside the paper's (docs/paper.md):
 
-    # Table 6: 20% symmetric label noise, CE vs aEPG, 3 seeds.
-    for l in ce aepg; do for s in 0 1 2; do
-      python -m aepg_jax.main \
-        --config=configs/imagenet_r.py:method=plain,loss=$l,noise=0.2,seed=$s \
-        --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/t6_$l-$s
-    done; done
-
-    # Fig. 3a: fixed alpha (alpha CE + (1 - alpha) EPG); the paper does not list its grid.
-    for a in 0 0.2 0.4 0.6 0.8 1; do for s in 0 1 2 3 4; do
-      python -m aepg_jax.main \
-        --config=configs/imagenet_r.py:method=plain,loss=mix,alpha=$a,seed=$s \
-        --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/f3_alpha$a-$s
-    done; done
-
-    # Fig. 3b: annealing schedule of aEPG.
-    for k in sigmoid linear cosine; do for s in 0 1 2 3 4; do
-      python -m aepg_jax.main --config=configs/imagenet_r.py:method=plain,schedule=$k,seed=$s \
-        --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/f3_$k-$s
-    done; done
-
-    # Table 8: tau of the sigmoid schedule.
-    for u in 4 6 8; do for s in 0 1 2 3 4; do
-      python -m aepg_jax.main --config=configs/imagenet_r.py:method=plain,tau=$u,seed=$s \
-        --config.model.checkpoint=$CKPT --workdir=runs/imagenet_r/t8_tau$u-$s
-    done; done
+    python -m aepg_jax.sweep --experiment=table1 --workdir=runs/table1 \
+      --config.model.checkpoint=$CKPT
+    python -m aepg_jax.tables runs/table1
 """
 
 from aepg_jax.config import arguments

@@ -1,4 +1,4 @@
-"""Re-measures every figure the README quotes from the embedded examples, in one go.
+"""Re-measures every figure the README and docs/ quote from the embedded examples, in one go.
 
     nice -n 10 .venv/bin/python scripts/measure_readme.py [--out runs/readme] [--only NAME,...]
 
@@ -7,7 +7,7 @@ Each measurement is a command of `aepg_jax.main` (printed before it runs) with `
 back from its `results_seeds.json`; figures are mean +- sample sd (ddof=1) over the 5 seeds,
 with each seed's value. A finished workdir is not run again (delete it to re-measure), so an
 interrupted measurement resumes. The summary, with the machine (`aepg_jax.system.environment`) and
-the date, is printed and written to `<out>/summary.md`; the README's figures are copied from it.
+the date, is printed and written to `<out>/summary.md`; README.md and docs/ copy it.
 
 Measurements (`--only`):
   default   the embedded default (LoRA + LAE), aEPG and CE: A_T, avg_inc_acc, forgetting

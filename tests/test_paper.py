@@ -1,7 +1,7 @@
 """The paper's experiments as data (aepg_jax/experiments/paper.py): the runs agree with
-configs/README.md's runs table and the config docstrings' loops, the published numbers with the
-paper's .tex (parsed independently of the module when ../shared/paper is there) and with a second
-hand transcription;
+configs/README.md's runs table, build and validate, and the config docstrings point to their
+listing (`aepg_jax.sweep --list`); the published numbers with the paper's .tex (parsed
+independently of the module when ../shared/paper is there) and with a second hand transcription;
 `aepg_jax.sweep --list` and `--slurm` for Table 1."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 import subprocess
 
 import pytest
-from test_configs import ALL_DOC_RUNS, CONFIG_DIR, PAPER, build, fill_user_inputs
+from test_configs import CONFIG_DIR, PAPER, load, validate_documented_run
 
 from aepg_jax import experiments
 from aepg_jax.experiments import layout, paper, registry
@@ -66,20 +66,34 @@ def test_readme_runs_table_agrees_with_the_module():
     assert listed == ours
 
 
-@pytest.mark.slow  # ~10 s; CI: README = module (above) and README = docstrings (test_configs)
-def test_module_runs_are_the_docstrings_runs():
-    """Same configs as the config files' shell loops."""
+def test_every_run_of_the_paper_builds_and_validates():
+    """All the module's runs (hundreds: one test, not parametrized); their arguments reach
+    their fields."""
+    runs = registry.get("paper").runs()
+    assert len(runs) > 500
+    for r in runs:
+        validate_documented_run(pathlib.Path(r.config).name, r.arg)
 
-    def configs(pairs):
-        return {fill_user_inputs(build(f, a)).to_json() for f, a in pairs}
 
-    ours = [
-        (pathlib.Path(r.config).name, r.arg)
-        for r in registry.get("paper").runs()
-        if pathlib.Path(r.config).name in PAPER
-    ]
-    docs = [(f, a) for f, a in ALL_DOC_RUNS if f in PAPER]
-    assert configs(ours) == configs(docs)
+@pytest.mark.parametrize("filename", [*sorted(PAPER), "cifar_scratch.py", "demo.py"])
+def test_config_docstrings_point_to_the_listing_of_their_runs(filename):
+    """A config's docstring names every experiment with runs of it (and no other), and the
+    `aepg_jax.sweep` commands it gives select runs of it: the runs live in the module only."""
+    doc, stem = load(filename).__doc__, filename.removesuffix(".py")
+    assert not re.search(r"\bfor \w+ in [^;]+; do", doc)  # the runs are listed, not repeated
+    uses = {e.name for e in paper.EXPERIMENTS if any(r.stem == stem for r in e.runs())}
+    if filename != "demo.py":
+        named = re.search(r"experiments ((?:`\w+`,? ?)+)\)", " ".join(doc.split()))
+        assert named and set(re.findall(r"`(\w+)`", named[1])) == uses - {"paper"}, uses
+        assert f"--experiment=paper --where=config={stem} --list" in doc
+    commands = re.findall(r"python -m aepg_jax\.sweep --experiment=(\w+)(?: --where=(\S+))?", doc)
+    assert commands
+    for name, where in commands:
+        runs = registry.get(name).runs()
+        if where:
+            runs = experiments.filter_runs(runs, where)
+            assert runs and all(r.stem == stem for r in runs), (name, where)
+        assert any(r.stem == stem for r in runs), (name, where)
 
 
 def test_table1_has_210_runs_and_every_experiment_selects_runs_for_every_cell():
@@ -198,7 +212,7 @@ def test_slurm_script_is_valid_bash_with_sbatch_directives(tmp_path, capsys):
     options = dict(d.removeprefix("#SBATCH ").split("=", 1) for d in directives)
     assert options["--array"] == "0-15" and options["--partition"] == "gpu"
     assert options["--gres"] == "gpu:1" and options["--output"].endswith("slurm-%A_%a.out")
-    assert "--shard" not in lines[-1] and "workers claiming them" in script  # sweep/claims.py
+    assert "--shard" not in lines[-1] and "workers claiming them" in script  # sweep_claims
     assert "'--config.model.checkpoint=/w/B 16.npz'" in lines[-1]
 
 

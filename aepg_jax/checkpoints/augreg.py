@@ -52,8 +52,8 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise CheckpointError(
-            f"Checkpoint {path!r} does not exist. Download the augreg file named in the README "
-            "and pass its local path."
+            f"Checkpoint {path!r} does not exist. Download the augreg file named in docs/data.md "
+            '("Pretrained weights") and pass its local path.'
         )
     if not zipfile.is_zipfile(path):  # numpy's own error for this talks of pickled data
         raise CheckpointError(

@@ -308,7 +308,7 @@ def _raise_if_not_prepared(
     raise DatasetNotPreparedError(
         f"TFDS dataset {name!r} cannot be read: {problem}\n"
         "Prepare it once, offline and without TensorFlow, from the archive you downloaded "
-        "(README, 'What you prepare', has the URLs):\n\n"
+        "(docs/data.md, 'What you prepare', has the URLs):\n\n"
         f"    python -m aepg_jax.prepare {name} --source=ARCHIVE --data_dir={root}\n\n"
         f"or, where TensorFlow is installed, with:\n\n    {prepare_command(name, root)}\n\n"
         "`tfds build` needs TensorFlow (the tfds command line imports it): run it once in an "

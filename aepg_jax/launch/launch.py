@@ -12,7 +12,7 @@ launcher names it and exits with its status (128 + signal for a killed process).
 launcher itself dies, its children kill themselves (`hosts.initialize`, Linux).
 
 It simulates a multi-host job on one machine (tests, debugging); on real hosts start the same
-command on every host with `--config.distributed=True` (see the README, "Devices and hosts").
+command on every host with `--config.distributed=True` (see docs/devices.md).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ is recorded (`<workdir>/sweep_error.txt`, its error line printed) and the sweep 
 exits with status 1 at the end if any failed. `--config.*` overrides (weights, data dir,
 `model.dtype`, ...) go to every run. `--shard=i/n` limits the worker to every n-th run from the
 i-th (static sharding); `--slurm` prints an sbatch array script of workers; `--vmap_seeds` runs
-the consecutive seeds of a cell as one `num_seeds` program (`README`, "Many seeds in one
-program"). `--status` prints each run's status (done, running: worker, since, task t of T,
+the consecutive seeds of a cell as one `num_seeds` program (docs/running.md, "Many seeds
+in one program"). `--status` prints each run's status (done, running: worker, since, task t of T,
 failed: its error line, partial, todo; `overview.py`), `--list` also their `aepg_jax.main`
 commands; both work without --workdir (status unknown). `python -m aepg_jax.tables DIR` then
 prints the tables.
