@@ -33,8 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from aepg_jax import losses, methods, schedules, setup
+from aepg_jax import losses, methods, schedules
 from aepg_jax.config import schema
+from aepg_jax.continual import setup
 from aepg_jax.continual import state as state_lib
 from aepg_jax.continual import train_step as ts
 from aepg_jax.models import head, partition, vit
