@@ -52,9 +52,7 @@ def du(path: str) -> int:
     return total
 
 
-def run_prepare(
-    name: str, archive: str | list[str], data_dir: str, *, force: bool = True
-) -> dict:
+def run_prepare(name: str, archive: str | list[str], data_dir: str, *, force: bool = True) -> dict:
     """Prepares `name` from `archive` (a path, or CUB's two; `<first>.checksums.tsv` beside
     it) into `data_dir` in a TensorFlow-free child; returns the measurements."""
     sources = [archive] if isinstance(archive, str) else list(archive)

@@ -5,14 +5,14 @@
 
 writes into OUT, each as the real download is laid out:
 
-| name              | file(s)                                   | examples                | size     |
-|-------------------|-------------------------------------------|-------------------------|----------|
-| imagenet_r        | imagenet-r.tar                            | 30,000 in 200 wnid dirs | ~2.0 GiB |
-| food101           | food-101.tar.gz (+ meta/{train,test}.json) | 101,000 (750 + 250 x101) | ~4.7 GiB |
-| caltech_birds2011 | CUB_200_2011.tgz + segmentations.tgz      | 11,788 (5,994 + 5,794)  | ~1.1 GiB |
-| cifar10           | cifar-10-python.tar.gz (pickled batches)  | 50,000 + 10,000, 32 px  | ~0.17 GiB |
-| cifar100          | cifar-100-python.tar.gz (pickled batches) | 50,000 + 10,000, 32 px  | ~0.17 GiB |
-| clrs25            | CLRS/<class>/*.tif (a folder)             | 15,000 in 25, 256 px    | ~2.8 GiB |
+| name | file(s) | examples | size |
+|---|---|---|---|
+| imagenet_r | imagenet-r.tar | 30,000 in 200 classes | 2.0 GiB |
+| food101 | food-101.tar.gz (meta/{train,test}.json) | 101,000: 750 + 250 x101 | 4.7 GiB |
+| caltech_birds2011 | CUB_200_2011.tgz + segmentations.tgz | 11,788: 5,994 + 5,794 | 1.1 GiB |
+| cifar10 | cifar-10-python.tar.gz (pickled batches) | 50,000 + 10,000, 32 px | 0.2 GiB |
+| cifar100 | cifar-100-python.tar.gz (pickled batches) | 50,000 + 10,000, 32 px | 0.2 GiB |
+| clrs25 | CLRS/<class>/*.tif (a folder) | 15,000 in 25, 256 px | 2.8 GiB |
 
 plus `OUT/<first file>.checksums.tsv` (every file of the dataset) for `prepare --checksums`
 (none for CLRS25, which has no published digest). The images are random noise (JPEGs whose
@@ -39,9 +39,8 @@ import time
 import numpy as np
 from PIL import Image, ImageDraw
 
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import fake_archives  # the official member layouts the prepare tests use
 
