@@ -39,7 +39,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
     "imagenet_r": "configs/imagenet_r.py:tasks=10,method=lae",
     "food101": "configs/food101.py:method=lae",
+    "caltech_birds2011": "configs/cub200.py:method=lae",
+    "cifar10": "configs/cifar_scratch.py:dataset=cifar10,model=resnet_small",
+    "cifar100": "configs/cifar_scratch.py:dataset=cifar100,model=resnet_small",
+    "clrs25": "configs/clrs25.py:method=lae",
 }
+# The from-scratch trainer (CIFAR): `--epochs` epochs of `--steps` steps, each followed by the
+# evaluation of the whole test split and a checkpoint; the narrow ResNet is in CONFIGS.
+SCRATCH = ("cifar10", "cifar100")
+# Image folders: prepared into `prepared/NAME`, which is the run's data_dir.
+FOLDERS = ("clrs25",)
 # A narrow ViT with the paper's 5 PEFT blocks (0-4): the data path is full size, the model is not.
 NARROW = (
     "--config.model.init=random",
@@ -56,17 +65,20 @@ import functools, json, os, runpy, sys, time
 from aepg_jax.continual import loop, setup
 from aepg_jax.data import cache
 from aepg_jax.runs import checkpointing
+from aepg_jax.scratch import trainer as scratch
 EVENTS, DIRS = os.environ["REHEARSE_EVENTS"], os.environ["REHEARSE_DIRS"].split(os.pathsep)
 sys.path.insert(0, os.environ["REHEARSE_SCRIPTS"])
 import bench_prepare
 def du():
     return sum(bench_prepare.du(d) for d in DIRS)
+CALLS = {}
 def timed(phase, fn, task_arg=None):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         start = time.time()
         out = fn(*args, **kwargs)
-        task = args[task_arg] if task_arg is not None else None
+        calls = CALLS[phase] = CALLS.get(phase, -1) + 1
+        task = calls if task_arg == () else None if task_arg is None else args[task_arg]
         with open(EVENTS, "a") as f:
             f.write(json.dumps({"phase": phase, "task": task, "start": start,
                                 "end": time.time(), "disk": du()}) + "\\n")
@@ -77,6 +89,10 @@ setup.build = timed("setup", setup.build)
 loop.fit.check = timed("fit check", loop.fit.check, 1)
 loop.training.train_task = timed("training steps", loop.training.train_task, 3)
 loop.evaluation.evaluate = timed("evaluation", loop.evaluation.evaluate, 1)
+# The from-scratch trainer: an epoch is a "task", evaluated on the whole test split after it.
+scratch._Run.__init__ = timed("setup", scratch._Run.__init__)
+scratch._Run.train_epoch = timed("training steps", scratch._Run.train_epoch, 2)
+scratch._Run.evaluate = timed("evaluation", scratch._Run.evaluate, ())
 Ck = checkpointing.Checkpointer
 Ck.save = timed("checkpoint", Ck.save)
 Ck.wait = timed("checkpoint", Ck.wait)
@@ -86,21 +102,33 @@ runpy.run_module("aepg_jax.main", run_name="__main__", alter_sys=True)
 
 
 def check_archive(archive: str) -> dict:
-    """Size and sha256 of `archive` against its checksums file (`name\\tsize\\tsha256`)."""
+    """Size and sha256 of `archive` and of every file listed beside it in its checksums file
+    (lines `name\\tsize\\tsha256`, the files in `archive`'s directory); a folder (CLRS25, no
+    published digest) is only counted."""
     start = time.time()
-    tsv = f"{archive}.checksums.tsv"
-    with open(tsv) as f:
-        _, size, digest = f.read().split()[:3]
-    h = hashlib.sha256()
-    with open(archive, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    ok = os.path.getsize(archive) == int(size) and h.hexdigest() == digest
+    if os.path.isdir(archive):
+        return {
+            "phase": "archive check (folder: size only)",
+            "wall_s": time.time() - start,
+            "ok": True,
+            "disk_gib": bench_prepare.du(archive) / 2**30,
+        }
+    ok, disk = True, 0
+    with open(f"{archive}.checksums.tsv") as f:
+        rows = [line.split() for line in f if line.strip()]
+    for filename, size, digest in rows:
+        path = os.path.join(os.path.dirname(archive), filename)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        ok = ok and os.path.getsize(path) == int(size) and h.hexdigest() == digest
+        disk += os.path.getsize(path)
     return {
         "phase": "archive check",
         "wall_s": time.time() - start,
         "ok": ok,
-        "disk_gib": os.path.getsize(archive) / 2**30,
+        "disk_gib": disk / 2**30,
     }
 
 
@@ -114,7 +142,21 @@ def _status(pid: int) -> tuple[int, int] | None:
         return None
 
 
-def run_config(name: str, root: str, steps: int, extra: list[str], interval: float) -> dict:
+def run_flags(name: str, root: str, steps: int, epochs: int) -> list[str]:
+    """The flags that make `name`'s paper config a rehearsal: narrow model, capped steps."""
+    data_dir = os.path.join(root, "prepared", *((name,) if name in FOLDERS else ()))
+    if name in SCRATCH:
+        limits = [
+            f"--config.max_steps_per_epoch={steps}",
+            f"--config.optim.epochs={epochs}",
+            "--config.checkpoint_every_epochs=1",
+        ]
+    else:
+        limits = [*NARROW, f"--config.max_steps_per_task={steps}"]
+    return [f"--config={CONFIGS[name]}", *limits, f"--config.data.data_dir={data_dir}"]
+
+
+def run_config(name: str, root: str, flags: list[str], extra: list[str], interval: float) -> dict:
     """Runs the paper config of `name` in a child, sampling its RSS; returns phases and tasks."""
     workdir, cache_dir = os.path.join(root, "runs", name), os.path.join(root, "cache")
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, not a resumed one
@@ -132,10 +174,7 @@ def run_config(name: str, root: str, steps: int, extra: list[str], interval: flo
         REHEARSE_SCRIPTS=os.path.dirname(os.path.abspath(__file__)),
     )
     args = [
-        f"--config={CONFIGS[name]}",
-        *NARROW,
-        f"--config.max_steps_per_task={steps}",
-        f"--config.data.data_dir={os.path.join(root, 'prepared')}",
+        *flags,
         f"--config.data.cache_dir={cache_dir}",
         f"--workdir={workdir}",
         *extra,
@@ -234,7 +273,8 @@ def summarise(
 
 def rehearse(name: str, args: argparse.Namespace) -> dict:
     """Every phase of `name`; a dict ready for JSON."""
-    archive = os.path.join(args.archives, bench_prepare.ARCHIVES[name])
+    sources = [os.path.join(args.archives, a) for a in bench_prepare.ARCHIVES[name]]
+    archive = sources[0]
     data_dir = os.path.join(args.root, "prepared")
     rows = [check_archive(archive)]
     prepared = os.path.join(data_dir, name)
@@ -248,7 +288,7 @@ def rehearse(name: str, args: argparse.Namespace) -> dict:
             }
         )
     else:
-        p = bench_prepare.run_prepare(name, archive, data_dir)
+        p = bench_prepare.run_prepare(name, sources, data_dir)
         rows.append(
             {
                 "phase": "preparation",
@@ -264,7 +304,8 @@ def rehearse(name: str, args: argparse.Namespace) -> dict:
             return {"dataset": name, "phases": rows, "run": None}
     if args.fresh_cache:
         shutil.rmtree(os.path.join(args.root, "cache", name), ignore_errors=True)
-    run = run_config(name, args.root, args.steps, args.extra, args.interval)
+    flags = run_flags(name, args.root, args.steps, args.epochs)
+    run = run_config(name, args.root, flags, args.extra, args.interval)
     return {"dataset": name, "phases": rows + run.pop("phases"), "run": run}
 
 
@@ -328,16 +369,21 @@ def main() -> None:
     )
     parser.add_argument("--skip_prepare", action="store_true", help="reuse ROOT/prepared/NAME")
     parser.add_argument("--fresh_cache", action="store_true", help="delete ROOT/cache/NAME first")
-    parser.add_argument("--steps", type=int, default=2, help="max_steps_per_task")
+    parser.add_argument(
+        "--steps", type=int, default=2, help="max_steps_per_task (max_steps_per_epoch for CIFAR)"
+    )
+    parser.add_argument("--epochs", type=int, default=2, help="optim.epochs of the CIFAR runs")
     parser.add_argument("--interval", type=float, default=0.5, help="RSS sampling period (s)")
     args, args.extra = parser.parse_known_args()
     unknown = sorted(set(args.names) - set(CONFIGS))
     if unknown:
         _fail(f"unknown dataset(s) {unknown}: choose from {sorted(CONFIGS)}")
     for name in args.names:
-        archive = os.path.join(args.archives, bench_prepare.ARCHIVES[name])
-        for path in (archive, f"{archive}.checksums.tsv"):
-            if not os.path.isfile(path):
+        files = [os.path.join(args.archives, a) for a in bench_prepare.ARCHIVES[name]]
+        if name not in FOLDERS:
+            files.append(f"{files[0]}.checksums.tsv")
+        for path in files:
+            if not os.path.exists(path):
                 _fail(
                     f"--archives: {path} not found (scripts/make_synthetic_archives.py writes both)"
                 )
