@@ -1,16 +1,21 @@
 """Rehearse a paper dataset at its real size on the host: archive, prepare, cache, train, evaluate.
 
     python scripts/rehearse.py imagenet_r --archives=/work/rehearsal/archives \
-        --root=/work/rehearsal [--skip_prepare] [--fresh_cache] [--steps=2]
+        --root=/work/rehearsal [--skip_prepare] [--fresh_cache] [--steps=2] [--epochs=2]
 
-For each dataset NAME (imagenet_r, food101): checks the archive against its
-`<archive>.checksums.tsv` (size and sha256), prepares it with `python -m aepg_jax.prepare` in a
-TensorFlow-free child (`bench_prepare.run_prepare`; `--skip_prepare` reuses `ROOT/prepared/NAME`
-and reports its size), then runs the dataset's paper config (`configs/<name>.py`, method=lae)
-end to end through `python -m aepg_jax.main` in a child process: the real image size (224 px
-crops of the 256 px decode-once cache), the paper's batch 256, every task and every evaluation,
-but `max_steps_per_task=--steps` and a narrow random-init ViT (the host side is rehearsed, not
-accuracy). The child records when each phase starts and ends (setup with the cache build, fit
+For each dataset NAME (imagenet_r, food101, caltech_birds2011, cifar10, cifar100, clrs25; the
+files of `scripts/make_synthetic_archives.py`): checks the archive(s) against
+`<first archive>.checksums.tsv` (size and sha256; CLRS25's folder has no digest and is only
+measured), prepares it with `python -m aepg_jax.prepare` in a TensorFlow-free child
+(`bench_prepare.run_prepare`; `--skip_prepare` reuses `ROOT/prepared/NAME` and reports its
+size), then runs the dataset's paper config (`CONFIGS`) end to end through `python -m
+aepg_jax.main` in a child process. The continual configs: the real image size (224 px crops of
+the 256 px decode-once cache), the paper's batch 256, every task and every evaluation, but
+`max_steps_per_task=--steps` and a narrow random-init ViT. CIFAR (`configs/cifar_scratch.py`,
+the from-scratch trainer): 32 px, batch 256, `--epochs` epochs of `max_steps_per_epoch=--steps`
+steps, each followed by the evaluation of the whole test split and a checkpoint, with the
+`resnet_small` preset (each epoch is a "task" in the tables). The host side is rehearsed, not
+accuracy. The child records when each phase starts and ends (setup with the cache build, fit
 check, training, evaluation, checkpoint per task); this process samples the child's RSS and
 anonymous RSS (`/proc/<pid>/status` VmRSS, RssAnon) every `--interval` s. Per phase: wall time,
 peak RSS, disk added (cache dir + workdir); per task: RSS and anonymous RSS when its evaluation

@@ -100,3 +100,31 @@ def test_tiny_rehearsal_end_to_end(tmp_path, monkeypatch):
         0 < t["anon_gib"] <= t["rss_gib"] <= run["peak_rss_gib"] * 1.01 for t in run["tasks"]
     )
     assert run["wall_s"] < time.time() - start
+
+
+def test_run_flags_per_trainer_and_data_layout():
+    """CIFAR runs the from-scratch trainer capped per epoch (no ViT flags); CLRS25 reads its
+    prepared folder; the TFDS datasets the prepared root."""
+    cifar = rehearse.run_flags("cifar10", "/r", steps=3, epochs=2)
+    assert cifar[0].startswith("--config=configs/cifar_scratch.py:dataset=cifar10")
+    assert "--config.max_steps_per_epoch=3" in cifar and "--config.optim.epochs=2" in cifar
+    assert not any(f.startswith("--config.model.") for f in cifar)
+    clrs = rehearse.run_flags("clrs25", "/r", steps=2, epochs=2)
+    assert "--config.data.data_dir=/r/prepared/clrs25" in clrs
+    assert "--config.max_steps_per_task=2" in clrs and rehearse.NARROW[0] in clrs
+    cub = rehearse.run_flags("caltech_birds2011", "/r", steps=2, epochs=2)
+    assert cub[0].startswith("--config=configs/cub200.py") and cub[-1].endswith("=/r/prepared")
+
+
+def test_archive_check_covers_every_listed_file(tmp_path):
+    """CUB's checksums file lists both archives: a changed second one fails the check."""
+    make_synthetic_archives.make("caltech_birds2011", str(tmp_path), scale=0.001, classes=2)
+    first = str(tmp_path / "CUB_200_2011.tgz")
+    assert rehearse.check_archive(first)["ok"]
+    with open(tmp_path / "segmentations.tgz", "ab") as f:
+        f.write(b"\0")
+    assert not rehearse.check_archive(first)["ok"]
+    folder = tmp_path / "CLRS"
+    (folder / "a").mkdir(parents=True)
+    (folder / "a" / "x.tif").write_bytes(b"12345")
+    assert rehearse.check_archive(str(folder))["disk_gib"] == 5 / 2**30
