@@ -239,11 +239,13 @@ def summarise(
     for e in sorted(events, key=lambda e: e["end"]):
         p = phases.setdefault(
             e["phase"],
-            {"phase": e["phase"], "wall_s": 0.0, "calls": 0, "peak_rss_gib": 0.0, "disk_gib": 0.0},
+            {"phase": e["phase"], "wall_s": 0.0, "calls": 0, "peak_rss_gib": None, "disk_gib": 0.0},
         )
         p["wall_s"] += e["end"] - e["start"]
         p["calls"] += 1
-        p["peak_rss_gib"] = max(p["peak_rss_gib"], peak(e["start"], e["end"]) or 0.0)
+        # None where no sample fell inside the phase's calls (shorter than --interval).
+        inside = [v for v in (p["peak_rss_gib"], peak(e["start"], e["end"])) if v is not None]
+        p["peak_rss_gib"] = max(inside, default=None)
         p["disk_gib"] += max(e["disk"] - disk_before, 0) / gib
         disk_before = e["disk"]
     # `setup` includes the cache build: its own row keeps the rest (model init, trackers).

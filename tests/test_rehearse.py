@@ -30,12 +30,14 @@ def test_summarise_phases_and_rss_at_the_end_of_each_task():
         {"phase": "evaluation", "task": 0, "start": t0 + 5.5, "end": t0 + 6.5, "disk": 3 * gib},
         {"phase": "checkpoint", "task": None, "start": t0 + 6.5, "end": t0 + 7.5, "disk": 4 * gib},
         {"phase": "evaluation", "task": 1, "start": t0 + 7.5, "end": t0 + 8.5, "disk": 4 * gib},
+        {"phase": "flush", "task": None, "start": t0 + 8.6, "end": t0 + 8.7, "disk": 4 * gib},
     ]
     out = rehearse.summarise(events, samples, t0)
     phases = {p["phase"]: p for p in out["phases"]}
     assert phases["cache build"]["disk_gib"] == 3 and phases["checkpoint"]["disk_gib"] == 1
     assert phases["setup"]["wall_s"] == pytest.approx(1.0)  # the cache build is not counted twice
     assert phases["evaluation"]["calls"] == 2 and phases["evaluation"]["wall_s"] == pytest.approx(2)
+    assert phases["flush"]["peak_rss_gib"] is None  # no sample inside: unknown, not 0
     # The RSS of a task is the last sample before its evaluation ended.
     assert [t["task"] for t in out["tasks"]] == [1, 2]
     assert [t["rss_gib"] for t in out["tasks"]] == [samples[6][1] / gib, samples[8][1] / gib]
