@@ -130,3 +130,35 @@ def test_archive_check_covers_every_listed_file(tmp_path):
     (folder / "a").mkdir(parents=True)
     (folder / "a" / "x.tif").write_bytes(b"12345")
     assert rehearse.check_archive(str(folder))["disk_gib"] == 5 / 2**30
+
+
+@pytest.mark.slow
+def test_tiny_scratch_rehearsal_end_to_end(tmp_path, monkeypatch):
+    """CIFAR-10's python tarball (50 + 10 images) through the from-scratch trainer: each
+    epoch is timed as a task, with its evaluation and checkpoint."""
+    archives = tmp_path / "archives"
+    make_synthetic_archives.make("cifar10", str(archives), scale=0.001)
+    root = tmp_path / "root"
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "rehearse.py",
+            "cifar10",
+            f"--archives={archives}",
+            f"--root={root}",
+            "--steps=1",
+            "--epochs=2",
+            "--interval=0.1",
+            "--config.optim.batch_size=16",
+        ],
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        rehearse.main()
+    assert exit_info.value.code == 0
+    result = json.loads((root / "rehearsal-cifar10.json").read_text())
+    phases = {p["phase"]: p for p in result["phases"]}
+    assert phases["preparation"]["records"] == {"train": 50, "test": 10}
+    assert phases["training steps"]["calls"] == 2 and phases["evaluation"]["calls"] == 2
+    assert phases["checkpoint"]["disk_gib"] > 0
+    assert [t["task"] for t in result["run"]["tasks"]] == [1, 2]
