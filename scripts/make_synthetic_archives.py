@@ -102,10 +102,7 @@ def _mask(shape: tuple[int, int]) -> bytes:
     return buffer.getvalue()
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime = len(data), 0
-    tar.addfile(info, io.BytesIO(data))
+_add = fake_archives._add  # one member of `data` bytes, mtime 0
 
 
 def _open(path: str) -> tarfile.TarFile:
