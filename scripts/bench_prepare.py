@@ -19,7 +19,16 @@ import sys
 import threading
 import time
 
-ARCHIVES = {"imagenet_r": "imagenet-r.tar", "food101": "food-101.tar.gz"}
+# name -> its download(s) (`--source` each; `<first>.checksums.tsv` lists them all); CLRS25's
+# is the unpacked folder.
+ARCHIVES = {
+    "imagenet_r": ("imagenet-r.tar",),
+    "food101": ("food-101.tar.gz",),
+    "caltech_birds2011": ("CUB_200_2011.tgz", "segmentations.tgz"),
+    "cifar10": ("cifar-10-python.tar.gz",),
+    "cifar100": ("cifar-100-python.tar.gz",),
+    "clrs25": ("CLRS",),
+}
 # Run in the child: tensorflow is not importable, then `python -m aepg_jax.prepare ARGS`.
 CHILD = f"""
 import runpy, sys
@@ -43,12 +52,13 @@ def du(path: str) -> int:
     return total
 
 
-def run_prepare(name: str, archive: str, data_dir: str, *, force: bool = True) -> dict:
-    """Prepares `name` from `archive` (its `<archive>.checksums.tsv` beside it) into
-    `data_dir` in a TensorFlow-free child; returns the measurements."""
-    args = [name, f"--source={archive}", f"--data_dir={data_dir}"]
-    if os.path.exists(f"{archive}.checksums.tsv"):
-        args.append(f"--checksums={archive}.checksums.tsv")
+def run_prepare(name: str, archive: str | list[str], data_dir: str, *, force: bool = True) -> dict:
+    """Prepares `name` from `archive` (a path, or CUB's two; `<first>.checksums.tsv` beside
+    it) into `data_dir` in a TensorFlow-free child; returns the measurements."""
+    sources = [archive] if isinstance(archive, str) else list(archive)
+    args = [name, *(f"--source={s}" for s in sources), f"--data_dir={data_dir}"]
+    if os.path.exists(f"{sources[0]}.checksums.tsv"):
+        args.append(f"--checksums={sources[0]}.checksums.tsv")
     if force:
         args.append("--force")
     os.makedirs(data_dir, exist_ok=True)
@@ -71,7 +81,8 @@ def run_prepare(name: str, archive: str, data_dir: str, *, force: bool = True) -
     prepared = os.path.join(data_dir, name)
     return {
         "dataset": name,
-        "archive_gib": os.path.getsize(archive) / 2**30,
+        "archive_gib": sum(du(s) if os.path.isdir(s) else os.path.getsize(s) for s in sources)
+        / 2**30,
         "exit": child.returncode,
         "wall_s": wall,
         "peak_rss_gib": usage.ru_maxrss * 1024 / 2**30,
@@ -82,7 +93,11 @@ def run_prepare(name: str, archive: str, data_dir: str, *, force: bool = True) -
 
 
 def _count(prepared: str) -> dict[str, int]:
-    (version,) = [v for v in os.listdir(prepared) if not v.startswith(".")]
+    """Records per split (TFDS's dataset_info.json), or images of an image folder (CLRS25)."""
+    entries = [v for v in os.listdir(prepared) if not v.startswith(".")]
+    if not os.path.exists(os.path.join(prepared, entries[0], "dataset_info.json")):
+        return {"images": sum(len(os.listdir(os.path.join(prepared, c))) for c in entries)}
+    (version,) = entries
     with open(os.path.join(prepared, version, "dataset_info.json")) as f:
         info = json.load(f)
     return {s["name"]: sum(int(n) for n in s["shardLengths"]) for s in info["splits"]}
@@ -94,13 +109,16 @@ def main() -> None:
     parser.add_argument("--archives", required=True)
     parser.add_argument("--data_dir", required=True)
     args = parser.parse_args()
-    names = args.names or [n for n, a in ARCHIVES.items() if os.path.exists(f"{args.archives}/{a}")]
+    names = args.names or [
+        n for n, a in ARCHIVES.items() if os.path.exists(f"{args.archives}/{a[0]}")
+    ]
     unknown = sorted(set(names) - set(ARCHIVES))
     if unknown:
         sys.exit(f"error: unknown dataset(s) {unknown}: choose from {sorted(ARCHIVES)}")
     rows = []
     for name in names:
-        result = run_prepare(name, os.path.join(args.archives, ARCHIVES[name]), args.data_dir)
+        sources = [os.path.join(args.archives, a) for a in ARCHIVES[name]]
+        result = run_prepare(name, sources, args.data_dir)
         print(json.dumps(result), flush=True)
         rows.append(result)
     print("| dataset | archive | records | wall | peak RSS | peak disk (data_dir) | prepared |")

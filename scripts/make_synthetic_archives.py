@@ -1,15 +1,27 @@
 """Real-size synthetic archives in the official member layouts, for rehearsing `prepare`.
 
-    python scripts/make_synthetic_archives.py imagenet_r food101 --out=/work/rehearsal/archives
+    python scripts/make_synthetic_archives.py imagenet_r food101 caltech_birds2011 cifar10 \
+        cifar100 clrs25 --out=/work/rehearsal/archives
 
-writes `OUT/imagenet-r.tar` (30,000 JPEGs, 150 in each of 200 `imagenet-r/<wnid>/` folders,
-~2.0 GiB as the real one) and/or `OUT/food-101.tar.gz` (101,000 JPEGs, 1,000 per class in
-`food-101/images/<class>/<id>.jpg` with `meta/{train,test}.json` listing 750 / 250 of them,
-~4.7 GiB), plus `OUT/<archive>.checksums.tsv` for `prepare --checksums`. The images are random
-noise JPEGs whose sizes vary around the real archives' mean (noise does not compress, so the
-gzip of Food-101 is as large as the real one); the wnids are 200 of TFDS's 1000 ImageNet
-label names and the Food-101 classes TFDS's. Each archive is streamed to `<name>.tmp` and
-renamed when complete; `--scale` shrinks the example counts per class (to no fewer than 4) and
+writes into OUT, each as the real download is laid out:
+
+| name | file(s) | examples | size |
+|---|---|---|---|
+| imagenet_r | imagenet-r.tar | 30,000 in 200 classes | 2.0 GiB |
+| food101 | food-101.tar.gz (meta/{train,test}.json) | 101,000: 750 + 250 x101 | 4.7 GiB |
+| caltech_birds2011 | CUB_200_2011.tgz + segmentations.tgz | 11,788: 5,994 + 5,794 | 1.1 GiB |
+| cifar10 | cifar-10-python.tar.gz (pickled batches) | 50,000 + 10,000, 32 px | 0.2 GiB |
+| cifar100 | cifar-100-python.tar.gz (pickled batches) | 50,000 + 10,000, 32 px | 0.2 GiB |
+| clrs25 | CLRS/<class>/*.tif (a folder) | 15,000 in 25, 256 px | 2.8 GiB |
+
+plus `OUT/<first file>.checksums.tsv` (every file of the dataset) for `prepare --checksums`
+(none for CLRS25, which has no published digest). The images are random noise (JPEGs whose
+sizes vary around the real archives' mean; noise does not compress, so a gzip is as large as
+the real one; CLRS's uncompressed 256 px TIFFs); the wnids are 200 of TFDS's 1000 ImageNet
+label names, the Food-101 classes TFDS's, CUB's `<nnn>.<Name>` folders with 58-60 images each
+and a PNG mask per image in `segmentations/`, CIFAR's batches as tests/fake_archives.py writes
+them, CLRS's 25 scene classes of 600. Each output is written under `<name>.tmp` and renamed
+when complete; `--scale` shrinks the example counts per class (to no fewer than 4) and
 `make(..., classes=N)` keeps the first N classes (tiny archives for the tests).
 """
 
@@ -19,23 +31,37 @@ import argparse
 import io
 import json
 import os
+import shutil
 import sys
 import tarfile
 import time
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+import fake_archives  # the official member layouts the prepare tests use
 
 from aepg_jax.prepare import archives
 
-# name -> (archive, examples per class, side range in px, JPEG quality): the mean member size
-# lands near the real archive's (ImageNet-R 2.0 GiB / 30,000; Food-101 4.7 GiB / 101,000).
+# name -> (files, examples per class, side range in px, JPEG quality): the mean member size
+# lands near the real archive's (ImageNet-R 2.0 GiB / 30,000; Food-101 4.7 GiB / 101,000;
+# CUB 1.1 GiB / 11,788). CIFAR's counts are per split (train, test); CLRS's images are 256 px.
 LAYOUTS = {
-    "imagenet_r": ("imagenet-r.tar", 150, (210, 290), 95),
-    "food101": ("food-101.tar.gz", 1000, (180, 220), 95),
+    "imagenet_r": (("imagenet-r.tar",), 150, (210, 290), 95),
+    "food101": (("food-101.tar.gz",), 1000, (180, 220), 95),
+    "caltech_birds2011": (("CUB_200_2011.tgz", "segmentations.tgz"), 60, (240, 320), 95),
+    "cifar10": (("cifar-10-python.tar.gz",), (50000, 10000), (32, 32), None),
+    "cifar100": (("cifar-100-python.tar.gz",), (50000, 10000), (32, 32), None),
+    "clrs25": (("CLRS",), 600, (256, 256), None),
 }
+CLRS_CLASSES = (
+    "airport bare-land beach bridge commercial desert farmland forest golf-course highway "
+    "industrial meadow mountain overpass park parking playground port railway railway-station "
+    "residential river runway stadium storage-tank"
+).split()
 
 
 def _labels(name: str) -> list[str]:
@@ -46,42 +72,54 @@ def _labels(name: str) -> list[str]:
 
         names = imagenet_common.label_names_file().read_text().split()
         return names[::5][:200]
+    if name == "caltech_birds2011":
+        return [f"{c + 1:03d}.Bird_{c + 1:03d}" for c in range(200)]
+    if name == "clrs25":
+        return list(CLRS_CLASSES)
     return (tfds.core.tfds_path() / "image_classification/food-101_classes.txt").read_text().split()
 
 
-def _jpeg(rng: np.random.Generator, sides: tuple[int, int], quality: int) -> bytes:
+def _sides(rng: np.random.Generator, sides: tuple[int, int]) -> tuple[int, int]:
     h, w = (int(v) for v in rng.integers(sides[0], sides[1] + 1, 2))
+    return h, w
+
+
+def _jpeg(rng: np.random.Generator, shape: tuple[int, int], quality: int) -> bytes:
     buffer = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(
+    Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)).save(
         buffer, "jpeg", quality=quality
     )
     return buffer.getvalue()
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime = len(data), 0
-    tar.addfile(info, io.BytesIO(data))
+def _mask(shape: tuple[int, int]) -> bytes:
+    """A bird-shaped blob: CUB's masks are 8-bit PNGs of the image's size, mostly 0 / 255."""
+    h, w = shape
+    img = Image.new("L", (w, h))
+    ImageDraw.Draw(img).ellipse((w // 6, h // 5, 5 * w // 6, 4 * h // 5), fill=255)
+    buffer = io.BytesIO()
+    img.save(buffer, "png")
+    return buffer.getvalue()
 
 
-def make(name: str, out: str, scale: float = 1.0, seed: int = 0, classes: int | None = None) -> str:
-    """Writes the archive of `name` into `out`; returns its path (kept if already there)."""
-    filename, per_class, sides, quality = LAYOUTS[name]
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, filename)
-    if os.path.exists(path):
-        print(f"{path} exists; kept")
-        return path
-    per_class = max(4, round(per_class * scale))
-    labels = _labels(name)[:classes]
-    rng = np.random.default_rng(seed)
-    tmp = f"{path}.tmp"
-    mode = "w:gz" if filename.endswith(".gz") else "w"
-    kwargs = {"compresslevel": 1} if mode == "w:gz" else {}
-    start, n = time.time(), 0
-    with tarfile.open(tmp, mode, **kwargs) as tar:
-        train: dict[str, list[str]] = {}
-        test: dict[str, list[str]] = {}
+_add = fake_archives._add  # one member of `data` bytes, mtime 0
+
+
+def _open(path: str) -> tarfile.TarFile:
+    if path.endswith((".gz", ".tgz")):
+        return tarfile.open(path, "w:gz", compresslevel=1)
+    return tarfile.open(path, "w")
+
+
+def _progress(what: str, n: int, start: float) -> None:
+    print(f"\r{what}: {n} images, {time.time() - start:.0f} s", end="", flush=True)
+
+
+def _imagenet_r_or_food(name, tmp, labels, per_class, sides, quality, rng) -> int:
+    n, start = 0, time.time()
+    train: dict[str, list[str]] = {}
+    test: dict[str, list[str]] = {}
+    with _open(tmp[0]) as tar:
         for c, label in enumerate(labels):
             for i in range(per_class):
                 if name == "imagenet_r":
@@ -92,21 +130,121 @@ def make(name: str, out: str, scale: float = 1.0, seed: int = 0, classes: int | 
                     (train if i < per_class * 3 // 4 else test).setdefault(label, []).append(
                         image_id
                     )
-                _add(tar, member, _jpeg(rng, sides, quality))
+                _add(tar, member, _jpeg(rng, _sides(rng, sides), quality))
                 n += 1
-            print(f"\r{filename}: {n} images, {time.time() - start:.0f} s", end="", flush=True)
+            _progress(name, n, start)
         if name == "food101":
             _add(tar, "food-101/meta/classes.txt", "\n".join(labels).encode())
             _add(tar, "food-101/meta/train.json", json.dumps(train).encode())
             _add(tar, "food-101/meta/test.json", json.dumps(test).encode())
         else:
             _add(tar, "imagenet-r/README.txt", b"synthetic ImageNet-R rehearsal archive")
-    os.replace(tmp, path)
-    size, sha = archives.digest(path)
-    with open(f"{path}.checksums.tsv", "w") as f:
-        f.write(f"{filename}\t{size}\t{sha}\n")
-    print(f"\n{path}: {n} images, {size / 2**30:.2f} GiB, {time.time() - start:.0f} s")
-    return path
+    return n
+
+
+def _cub(name, tmp, labels, per_class, sides, quality, rng) -> int:
+    """CUB_200_2011/images/<nnn>.<Name>/<Name>_<i>_<c>.jpg with its three text files, and the
+    masks `segmentations/<nnn>.<Name>/<same stem>.png`. Of 200 x 60, the first 106 classes
+    hold 58 (11,788 in all, as the real set); the first 30 of each class (29 in the first 6)
+    are train: 5,994 train, 5,794 test, as the real split."""
+    full = per_class == 60  # the real counts; scaled down: half of each class is train
+    names, split, boxes = [], [], []
+    n, start = 0, time.time()
+    with _open(tmp[0]) as tar, _open(tmp[1]) as masks:
+        _add(tar, "attributes.txt", b"1 has_bill_shape::curved_(up_or_down)\n")
+        for c, label in enumerate(labels):
+            count = per_class - 2 if full and c < 106 else per_class
+            train = (29 if c < 6 else 30) if full else count // 2
+            for i in range(count):
+                stem = f"{label.split('.')[1]}_{i:04d}_{c}"
+                shape = _sides(rng, sides)
+                _add(tar, f"CUB_200_2011/images/{label}/{stem}.jpg", _jpeg(rng, shape, quality))
+                _add(masks, f"segmentations/{label}/{stem}.png", _mask(shape))
+                n += 1
+                names.append(f"{n} {label}/{stem}.jpg")
+                split.append(f"{n} {int(i < train)}")
+                h, w = shape
+                boxes.append(f"{n} {w / 6:.1f} {h / 5:.1f} {2 * w / 3:.1f} {3 * h / 5:.1f}")
+            _progress(name, n, start)
+        for member, lines in (
+            ("images.txt", names),
+            ("train_test_split.txt", split),
+            ("bounding_boxes.txt", boxes),
+            ("classes.txt", [f"{c + 1} {label}" for c, label in enumerate(labels)]),
+        ):
+            _add(tar, f"CUB_200_2011/{member}", ("\n".join(lines) + "\n").encode())
+    return n
+
+
+def _cifar(name, tmp, labels, per_split, sides, quality, rng) -> int:
+    """tests/fake_archives.py's python tarball at the real split sizes, under the tmp name."""
+    staging = f"{tmp[0]}.d"
+    os.makedirs(staging, exist_ok=True)
+    (written,) = fake_archives.make_cifar(
+        staging, name, "python", (("train", per_split[0]), ("test", per_split[1]))
+    )
+    os.replace(written, tmp[0])
+    os.rmdir(staging)
+    return sum(per_split)
+
+
+def _clrs(name, tmp, labels, per_class, sides, quality, rng) -> int:
+    """CLRS/<class>/<class>_<i>.tif: uncompressed 256 px RGB TIFFs (192 KiB each)."""
+    shutil.rmtree(tmp[0], ignore_errors=True)
+    n, start = 0, time.time()
+    for label in labels:
+        os.makedirs(os.path.join(tmp[0], label))
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (*sides, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(os.path.join(tmp[0], label, f"{label}_{i:04d}.tif"))
+            n += 1
+        _progress(name, n, start)
+    return n
+
+
+WRITERS = {
+    "imagenet_r": _imagenet_r_or_food,
+    "food101": _imagenet_r_or_food,
+    "caltech_birds2011": _cub,
+    "cifar10": _cifar,
+    "cifar100": _cifar,
+    "clrs25": _clrs,
+}
+
+
+def _size(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+
+
+def make(name: str, out: str, scale: float = 1.0, seed: int = 0, classes: int | None = None) -> str:
+    """Writes the archive(s) of `name` into `out`; returns the first one's path (all kept if
+    already there)."""
+    files, per_class, sides, quality = LAYOUTS[name]
+    os.makedirs(out, exist_ok=True)
+    paths = [os.path.join(out, f) for f in files]
+    if all(os.path.exists(p) for p in paths):
+        print(f"{paths[0]} exists; kept")
+        return paths[0]
+    if isinstance(per_class, tuple):  # CIFAR: examples per split
+        per_class = tuple(max(10, round(k * scale)) for k in per_class)
+    else:
+        per_class = max(4, round(per_class * scale))
+    labels = _labels(name)[:classes] if name not in ("cifar10", "cifar100") else []
+    tmp = [f"{p}.tmp" for p in paths]
+    start = time.time()
+    n = WRITERS[name](name, tmp, labels, per_class, sides, quality, np.random.default_rng(seed))
+    for t, p in zip(tmp, paths, strict=True):
+        os.replace(t, p)
+    if os.path.isfile(paths[0]):  # CLRS (a folder) has no published digest to replace
+        with open(f"{paths[0]}.checksums.tsv", "w") as f:
+            for p in paths:
+                size, sha = archives.digest(p)
+                f.write(f"{os.path.basename(p)}\t{size}\t{sha}\n")
+    size = sum(_size(p) for p in paths)
+    print(f"\n{', '.join(paths)}: {n} images, {size / 2**30:.2f} GiB, {time.time() - start:.0f} s")
+    return paths[0]
 
 
 def main() -> None:

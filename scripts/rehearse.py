@@ -1,16 +1,21 @@
 """Rehearse a paper dataset at its real size on the host: archive, prepare, cache, train, evaluate.
 
     python scripts/rehearse.py imagenet_r --archives=/work/rehearsal/archives \
-        --root=/work/rehearsal [--skip_prepare] [--fresh_cache] [--steps=2]
+        --root=/work/rehearsal [--skip_prepare] [--fresh_cache] [--steps=2] [--epochs=2]
 
-For each dataset NAME (imagenet_r, food101): checks the archive against its
-`<archive>.checksums.tsv` (size and sha256), prepares it with `python -m aepg_jax.prepare` in a
-TensorFlow-free child (`bench_prepare.run_prepare`; `--skip_prepare` reuses `ROOT/prepared/NAME`
-and reports its size), then runs the dataset's paper config (`configs/<name>.py`, method=lae)
-end to end through `python -m aepg_jax.main` in a child process: the real image size (224 px
-crops of the 256 px decode-once cache), the paper's batch 256, every task and every evaluation,
-but `max_steps_per_task=--steps` and a narrow random-init ViT (the host side is rehearsed, not
-accuracy). The child records when each phase starts and ends (setup with the cache build, fit
+For each dataset NAME (imagenet_r, food101, caltech_birds2011, cifar10, cifar100, clrs25; the
+files of `scripts/make_synthetic_archives.py`): checks the archive(s) against
+`<first archive>.checksums.tsv` (size and sha256; CLRS25's folder has no digest and is only
+measured), prepares it with `python -m aepg_jax.prepare` in a TensorFlow-free child
+(`bench_prepare.run_prepare`; `--skip_prepare` reuses `ROOT/prepared/NAME` and reports its
+size), then runs the dataset's paper config (`CONFIGS`) end to end through `python -m
+aepg_jax.main` in a child process. The continual configs: the real image size (224 px crops of
+the 256 px decode-once cache), the paper's batch 256, every task and every evaluation, but
+`max_steps_per_task=--steps` and a narrow random-init ViT. CIFAR (`configs/cifar_scratch.py`,
+the from-scratch trainer): 32 px, batch 256, `--epochs` epochs of `max_steps_per_epoch=--steps`
+steps, each followed by the evaluation of the whole test split and a checkpoint, with the
+`resnet_small` preset (each epoch is a "task" in the tables). The host side is rehearsed, not
+accuracy. The child records when each phase starts and ends (setup with the cache build, fit
 check, training, evaluation, checkpoint per task); this process samples the child's RSS and
 anonymous RSS (`/proc/<pid>/status` VmRSS, RssAnon) every `--interval` s. Per phase: wall time,
 peak RSS, disk added (cache dir + workdir); per task: RSS and anonymous RSS when its evaluation
@@ -39,7 +44,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
     "imagenet_r": "configs/imagenet_r.py:tasks=10,method=lae",
     "food101": "configs/food101.py:method=lae",
+    "caltech_birds2011": "configs/cub200.py:method=lae",
+    "cifar10": "configs/cifar_scratch.py:dataset=cifar10,model=resnet_small",
+    "cifar100": "configs/cifar_scratch.py:dataset=cifar100,model=resnet_small",
+    "clrs25": "configs/clrs25.py:method=lae",
 }
+# The from-scratch trainer (CIFAR): `--epochs` epochs of `--steps` steps, each followed by the
+# evaluation of the whole test split and a checkpoint; the narrow ResNet is in CONFIGS.
+SCRATCH = ("cifar10", "cifar100")
+# Image folders: prepared into `prepared/NAME`, which is the run's data_dir.
+FOLDERS = ("clrs25",)
 # A narrow ViT with the paper's 5 PEFT blocks (0-4): the data path is full size, the model is not.
 NARROW = (
     "--config.model.init=random",
@@ -56,17 +70,20 @@ import functools, json, os, runpy, sys, time
 from aepg_jax.continual import loop, setup
 from aepg_jax.data import cache
 from aepg_jax.runs import checkpointing
+from aepg_jax.scratch import trainer as scratch
 EVENTS, DIRS = os.environ["REHEARSE_EVENTS"], os.environ["REHEARSE_DIRS"].split(os.pathsep)
 sys.path.insert(0, os.environ["REHEARSE_SCRIPTS"])
 import bench_prepare
 def du():
     return sum(bench_prepare.du(d) for d in DIRS)
+CALLS = {}
 def timed(phase, fn, task_arg=None):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         start = time.time()
         out = fn(*args, **kwargs)
-        task = args[task_arg] if task_arg is not None else None
+        calls = CALLS[phase] = CALLS.get(phase, -1) + 1
+        task = calls if task_arg == () else None if task_arg is None else args[task_arg]
         with open(EVENTS, "a") as f:
             f.write(json.dumps({"phase": phase, "task": task, "start": start,
                                 "end": time.time(), "disk": du()}) + "\\n")
@@ -77,6 +94,10 @@ setup.build = timed("setup", setup.build)
 loop.fit.check = timed("fit check", loop.fit.check, 1)
 loop.training.train_task = timed("training steps", loop.training.train_task, 3)
 loop.evaluation.evaluate = timed("evaluation", loop.evaluation.evaluate, 1)
+# The from-scratch trainer: an epoch is a "task", evaluated on the whole test split after it.
+scratch._Run.__init__ = timed("setup", scratch._Run.__init__)
+scratch._Run.train_epoch = timed("training steps", scratch._Run.train_epoch, 2)
+scratch._Run.evaluate = timed("evaluation", scratch._Run.evaluate, ())
 Ck = checkpointing.Checkpointer
 Ck.save = timed("checkpoint", Ck.save)
 Ck.wait = timed("checkpoint", Ck.wait)
@@ -86,21 +107,33 @@ runpy.run_module("aepg_jax.main", run_name="__main__", alter_sys=True)
 
 
 def check_archive(archive: str) -> dict:
-    """Size and sha256 of `archive` against its checksums file (`name\\tsize\\tsha256`)."""
+    """Size and sha256 of `archive` and of every file listed beside it in its checksums file
+    (lines `name\\tsize\\tsha256`, the files in `archive`'s directory); a folder (CLRS25, no
+    published digest) is only counted."""
     start = time.time()
-    tsv = f"{archive}.checksums.tsv"
-    with open(tsv) as f:
-        _, size, digest = f.read().split()[:3]
-    h = hashlib.sha256()
-    with open(archive, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    ok = os.path.getsize(archive) == int(size) and h.hexdigest() == digest
+    if os.path.isdir(archive):
+        return {
+            "phase": "archive check (folder: size only)",
+            "wall_s": time.time() - start,
+            "ok": True,
+            "disk_gib": bench_prepare.du(archive) / 2**30,
+        }
+    ok, disk = True, 0
+    with open(f"{archive}.checksums.tsv") as f:
+        rows = [line.split() for line in f if line.strip()]
+    for filename, size, digest in rows:
+        path = os.path.join(os.path.dirname(archive), filename)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        ok = ok and os.path.getsize(path) == int(size) and h.hexdigest() == digest
+        disk += os.path.getsize(path)
     return {
         "phase": "archive check",
         "wall_s": time.time() - start,
         "ok": ok,
-        "disk_gib": os.path.getsize(archive) / 2**30,
+        "disk_gib": disk / 2**30,
     }
 
 
@@ -114,7 +147,21 @@ def _status(pid: int) -> tuple[int, int] | None:
         return None
 
 
-def run_config(name: str, root: str, steps: int, extra: list[str], interval: float) -> dict:
+def run_flags(name: str, root: str, steps: int, epochs: int) -> list[str]:
+    """The flags that make `name`'s paper config a rehearsal: narrow model, capped steps."""
+    data_dir = os.path.join(root, "prepared", *((name,) if name in FOLDERS else ()))
+    if name in SCRATCH:
+        limits = [
+            f"--config.max_steps_per_epoch={steps}",
+            f"--config.optim.epochs={epochs}",
+            "--config.checkpoint_every_epochs=1",
+        ]
+    else:
+        limits = [*NARROW, f"--config.max_steps_per_task={steps}"]
+    return [f"--config={CONFIGS[name]}", *limits, f"--config.data.data_dir={data_dir}"]
+
+
+def run_config(name: str, root: str, flags: list[str], extra: list[str], interval: float) -> dict:
     """Runs the paper config of `name` in a child, sampling its RSS; returns phases and tasks."""
     workdir, cache_dir = os.path.join(root, "runs", name), os.path.join(root, "cache")
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, not a resumed one
@@ -132,10 +179,7 @@ def run_config(name: str, root: str, steps: int, extra: list[str], interval: flo
         REHEARSE_SCRIPTS=os.path.dirname(os.path.abspath(__file__)),
     )
     args = [
-        f"--config={CONFIGS[name]}",
-        *NARROW,
-        f"--config.max_steps_per_task={steps}",
-        f"--config.data.data_dir={os.path.join(root, 'prepared')}",
+        *flags,
         f"--config.data.cache_dir={cache_dir}",
         f"--workdir={workdir}",
         *extra,
@@ -195,11 +239,13 @@ def summarise(
     for e in sorted(events, key=lambda e: e["end"]):
         p = phases.setdefault(
             e["phase"],
-            {"phase": e["phase"], "wall_s": 0.0, "calls": 0, "peak_rss_gib": 0.0, "disk_gib": 0.0},
+            {"phase": e["phase"], "wall_s": 0.0, "calls": 0, "peak_rss_gib": None, "disk_gib": 0.0},
         )
         p["wall_s"] += e["end"] - e["start"]
         p["calls"] += 1
-        p["peak_rss_gib"] = max(p["peak_rss_gib"], peak(e["start"], e["end"]) or 0.0)
+        # None where no sample fell inside the phase's calls (shorter than --interval).
+        inside = [v for v in (p["peak_rss_gib"], peak(e["start"], e["end"])) if v is not None]
+        p["peak_rss_gib"] = max(inside, default=None)
         p["disk_gib"] += max(e["disk"] - disk_before, 0) / gib
         disk_before = e["disk"]
     # `setup` includes the cache build: its own row keeps the rest (model init, trackers).
@@ -234,7 +280,8 @@ def summarise(
 
 def rehearse(name: str, args: argparse.Namespace) -> dict:
     """Every phase of `name`; a dict ready for JSON."""
-    archive = os.path.join(args.archives, bench_prepare.ARCHIVES[name])
+    sources = [os.path.join(args.archives, a) for a in bench_prepare.ARCHIVES[name]]
+    archive = sources[0]
     data_dir = os.path.join(args.root, "prepared")
     rows = [check_archive(archive)]
     prepared = os.path.join(data_dir, name)
@@ -248,7 +295,7 @@ def rehearse(name: str, args: argparse.Namespace) -> dict:
             }
         )
     else:
-        p = bench_prepare.run_prepare(name, archive, data_dir)
+        p = bench_prepare.run_prepare(name, sources, data_dir)
         rows.append(
             {
                 "phase": "preparation",
@@ -264,7 +311,8 @@ def rehearse(name: str, args: argparse.Namespace) -> dict:
             return {"dataset": name, "phases": rows, "run": None}
     if args.fresh_cache:
         shutil.rmtree(os.path.join(args.root, "cache", name), ignore_errors=True)
-    run = run_config(name, args.root, args.steps, args.extra, args.interval)
+    flags = run_flags(name, args.root, args.steps, args.epochs)
+    run = run_config(name, args.root, flags, args.extra, args.interval)
     return {"dataset": name, "phases": rows + run.pop("phases"), "run": run}
 
 
@@ -328,16 +376,21 @@ def main() -> None:
     )
     parser.add_argument("--skip_prepare", action="store_true", help="reuse ROOT/prepared/NAME")
     parser.add_argument("--fresh_cache", action="store_true", help="delete ROOT/cache/NAME first")
-    parser.add_argument("--steps", type=int, default=2, help="max_steps_per_task")
+    parser.add_argument(
+        "--steps", type=int, default=2, help="max_steps_per_task (max_steps_per_epoch for CIFAR)"
+    )
+    parser.add_argument("--epochs", type=int, default=2, help="optim.epochs of the CIFAR runs")
     parser.add_argument("--interval", type=float, default=0.5, help="RSS sampling period (s)")
     args, args.extra = parser.parse_known_args()
     unknown = sorted(set(args.names) - set(CONFIGS))
     if unknown:
         _fail(f"unknown dataset(s) {unknown}: choose from {sorted(CONFIGS)}")
     for name in args.names:
-        archive = os.path.join(args.archives, bench_prepare.ARCHIVES[name])
-        for path in (archive, f"{archive}.checksums.tsv"):
-            if not os.path.isfile(path):
+        files = [os.path.join(args.archives, a) for a in bench_prepare.ARCHIVES[name]]
+        if name not in FOLDERS:
+            files.append(f"{files[0]}.checksums.tsv")
+        for path in files:
+            if not os.path.exists(path):
                 _fail(
                     f"--archives: {path} not found (scripts/make_synthetic_archives.py writes both)"
                 )

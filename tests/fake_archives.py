@@ -113,8 +113,12 @@ def cifar_arrays(name: str, sizes=(("train", 20), ("test", 8))) -> dict:
     return out
 
 
-def make_cifar(directory, name: str = "cifar10", fmt: str = "python") -> list[str]:
-    arrays = cifar_arrays(name)
+def make_cifar(
+    directory, name: str = "cifar10", fmt: str = "python", sizes=(("train", 20), ("test", 8))
+) -> list[str]:
+    """The official tarball of `name` in `fmt` (python | binary); `sizes`: examples per split
+    (50,000 / 10,000 in the real ones, scripts/make_synthetic_archives.py)."""
+    arrays = cifar_arrays(name, sizes)
     train, test = arrays["train"], arrays["test"]
     ten = name == "cifar10"
     fine_names = [f"class{i}" for i in range(10 if ten else 100)]

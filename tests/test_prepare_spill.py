@@ -204,14 +204,22 @@ def test_interrupted_while_spilling_leaves_nothing(tmp_path, monkeypatch, no_ten
 
 
 @pytest.mark.parametrize(
-    ("name", "records"), [("imagenet_r", {"test": 12}), ("food101", {"train": 6, "validation": 2})]
+    ("name", "records"),
+    [
+        ("imagenet_r", {"test": 12}),
+        ("food101", {"train": 6, "validation": 2}),
+        ("caltech_birds2011", {"train": 4, "test": 4}),  # 4 per class, half of each is train
+        ("cifar10", {"train": 50, "test": 10}),
+        ("cifar100", {"train": 50, "test": 10}),
+        ("clrs25", {"images": 100}),  # all 25 classes (prepare checks them), 4 each
+    ],
 )
 def test_rehearsal_scripts_on_tiny_synthetic_archives(tmp_path, name, records):
     """make_synthetic_archives' layouts are what prepare reads; bench_prepare measures it
     in a child where TensorFlow cannot be imported."""
-    archive = make_synthetic_archives.make(
-        name, str(tmp_path / "a"), scale=0.001, classes=3 if name == "imagenet_r" else 2
-    )
-    result = bench_prepare.run_prepare(name, archive, str(tmp_path / "data"))
+    classes = {"imagenet_r": 3, "clrs25": None}.get(name, 2)
+    make_synthetic_archives.make(name, str(tmp_path / "a"), scale=0.001, classes=classes)
+    sources = [str(tmp_path / "a" / f) for f in bench_prepare.ARCHIVES[name]]
+    result = bench_prepare.run_prepare(name, sources, str(tmp_path / "data"))
     assert result["exit"] == 0 and result["records"] == records
     assert 0 < result["peak_rss_gib"] < 2 and 0 < result["prepared_gib"] <= result["peak_disk_gib"]

@@ -30,12 +30,14 @@ def test_summarise_phases_and_rss_at_the_end_of_each_task():
         {"phase": "evaluation", "task": 0, "start": t0 + 5.5, "end": t0 + 6.5, "disk": 3 * gib},
         {"phase": "checkpoint", "task": None, "start": t0 + 6.5, "end": t0 + 7.5, "disk": 4 * gib},
         {"phase": "evaluation", "task": 1, "start": t0 + 7.5, "end": t0 + 8.5, "disk": 4 * gib},
+        {"phase": "flush", "task": None, "start": t0 + 8.6, "end": t0 + 8.7, "disk": 4 * gib},
     ]
     out = rehearse.summarise(events, samples, t0)
     phases = {p["phase"]: p for p in out["phases"]}
     assert phases["cache build"]["disk_gib"] == 3 and phases["checkpoint"]["disk_gib"] == 1
     assert phases["setup"]["wall_s"] == pytest.approx(1.0)  # the cache build is not counted twice
     assert phases["evaluation"]["calls"] == 2 and phases["evaluation"]["wall_s"] == pytest.approx(2)
+    assert phases["flush"]["peak_rss_gib"] is None  # no sample inside: unknown, not 0
     # The RSS of a task is the last sample before its evaluation ended.
     assert [t["task"] for t in out["tasks"]] == [1, 2]
     assert [t["rss_gib"] for t in out["tasks"]] == [samples[6][1] / gib, samples[8][1] / gib]
@@ -100,3 +102,63 @@ def test_tiny_rehearsal_end_to_end(tmp_path, monkeypatch):
         0 < t["anon_gib"] <= t["rss_gib"] <= run["peak_rss_gib"] * 1.01 for t in run["tasks"]
     )
     assert run["wall_s"] < time.time() - start
+
+
+def test_run_flags_per_trainer_and_data_layout():
+    """CIFAR runs the from-scratch trainer capped per epoch (no ViT flags); CLRS25 reads its
+    prepared folder; the TFDS datasets the prepared root."""
+    cifar = rehearse.run_flags("cifar10", "/r", steps=3, epochs=2)
+    assert cifar[0].startswith("--config=configs/cifar_scratch.py:dataset=cifar10")
+    assert "--config.max_steps_per_epoch=3" in cifar and "--config.optim.epochs=2" in cifar
+    assert not any(f.startswith("--config.model.") for f in cifar)
+    clrs = rehearse.run_flags("clrs25", "/r", steps=2, epochs=2)
+    assert "--config.data.data_dir=/r/prepared/clrs25" in clrs
+    assert "--config.max_steps_per_task=2" in clrs and rehearse.NARROW[0] in clrs
+    cub = rehearse.run_flags("caltech_birds2011", "/r", steps=2, epochs=2)
+    assert cub[0].startswith("--config=configs/cub200.py") and cub[-1].endswith("=/r/prepared")
+
+
+def test_archive_check_covers_every_listed_file(tmp_path):
+    """CUB's checksums file lists both archives: a changed second one fails the check."""
+    make_synthetic_archives.make("caltech_birds2011", str(tmp_path), scale=0.001, classes=2)
+    first = str(tmp_path / "CUB_200_2011.tgz")
+    assert rehearse.check_archive(first)["ok"]
+    with open(tmp_path / "segmentations.tgz", "ab") as f:
+        f.write(b"\0")
+    assert not rehearse.check_archive(first)["ok"]
+    folder = tmp_path / "CLRS"
+    (folder / "a").mkdir(parents=True)
+    (folder / "a" / "x.tif").write_bytes(b"12345")
+    assert rehearse.check_archive(str(folder))["disk_gib"] == 5 / 2**30
+
+
+@pytest.mark.slow
+def test_tiny_scratch_rehearsal_end_to_end(tmp_path, monkeypatch):
+    """CIFAR-10's python tarball (50 + 10 images) through the from-scratch trainer: each
+    epoch is timed as a task, with its evaluation and checkpoint."""
+    archives = tmp_path / "archives"
+    make_synthetic_archives.make("cifar10", str(archives), scale=0.001)
+    root = tmp_path / "root"
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "rehearse.py",
+            "cifar10",
+            f"--archives={archives}",
+            f"--root={root}",
+            "--steps=1",
+            "--epochs=2",
+            "--interval=0.1",
+            "--config.optim.batch_size=16",
+        ],
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        rehearse.main()
+    assert exit_info.value.code == 0
+    result = json.loads((root / "rehearsal-cifar10.json").read_text())
+    phases = {p["phase"]: p for p in result["phases"]}
+    assert phases["preparation"]["records"] == {"train": 50, "test": 10}
+    assert phases["training steps"]["calls"] == 2 and phases["evaluation"]["calls"] == 2
+    assert phases["checkpoint"]["disk_gib"] > 0
+    assert [t["task"] for t in result["run"]["tasks"]] == [1, 2]
