@@ -215,6 +215,3 @@ def main(argv: list[str]) -> int:
     )
     return supervise(procs, args.grace_s, shown=args.log_dir is None)
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

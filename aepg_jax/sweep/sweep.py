@@ -377,6 +377,3 @@ def main(argv: Sequence[str]) -> int:
         hosts.leave(status, at_once=True)
     return status
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -290,6 +290,3 @@ def main(argv: Sequence[str]) -> int:
             print(f"plot: {path}", file=sys.stderr)
     return 1 if warnings else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
