@@ -237,12 +237,16 @@ def _assert_same_results(a, b, num_seeds=1):
 
 
 def _files(workdir):
-    """The run's files (checkpoint contents aside), relative to `workdir`."""
+    """The run's files (checkpoint contents aside), relative to `workdir`; TensorBoard's event
+    files by their prefix (their names hold the creation time)."""
     out = set()
     for root, dirs, files in os.walk(workdir):
         if os.path.basename(root) == "checkpoints":
             dirs.clear()
-        out |= {os.path.relpath(os.path.join(root, f), workdir) for f in files}
+        names = [
+            f.split(".tfevents.")[0] + ".tfevents.*" if ".tfevents." in f else f for f in files
+        ]
+        out |= {os.path.relpath(os.path.join(root, f), workdir) for f in names}
     return out
 
 
