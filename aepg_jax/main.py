@@ -4,7 +4,7 @@
 
 The config file's `get_config(arg)` builds the config, which is locked (an override of an
 unknown key or of the wrong type is an error). Its `trainer` field picks the trainer in
-`TRAINERS` (`continual`: `continual/loop.py`; `scratch`: `scratch/trainer.py`), whose validate
+`TRAINERS` (`continual`: `continual/trainer.py`; `scratch`: `scratch/trainer.py`), whose validate
 function checks it; it is then saved as
 `DIR/config.json`. Re-running with the same config and workdir resumes from the newest
 checkpoint; a different config on an existing run's workdir is refused once that run has a
@@ -33,7 +33,7 @@ from ml_collections import config_flags
 
 from aepg_jax.checkpoints import augreg
 from aepg_jax.config import command_line, schema
-from aepg_jax.continual import loop
+from aepg_jax.continual import trainer as continual_trainer
 from aepg_jax.runs import checkpointing, lock
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import trainer as scratch_trainer
@@ -62,7 +62,7 @@ EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
 
 # config.trainer -> (validate(cfg, num_devices), run(cfg, workdir)).
 TRAINERS = {
-    "continual": (schema.validate, loop.run),
+    "continual": (schema.validate, continual_trainer.run),
     "scratch": (scratch_config.validate, scratch_trainer.run),
 }
 

@@ -12,7 +12,7 @@ import jax
 import pytest
 from tiny import apply_overrides, tiny_config
 
-from aepg_jax.continual import loop
+from aepg_jax.continual import trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROGRAMS = ("jit(step)", "jit(multi_step)", "jit(eval_step)", "jit(_covariance_sums)")
@@ -34,7 +34,7 @@ def _compilations(make, tmp_path, tasks: int, **overrides) -> dict:
         **{"data.num_tasks": tasks, "max_steps_per_task": 3, "log_every_steps": 1, **overrides},
     )
     workdir = tmp_path / f"run{tasks}"
-    results = loop.run(cfg, str(workdir))
+    results = trainer.run(cfg, str(workdir))
     on_disk = json.loads((workdir / "results.json").read_text())["compilations"]
     assert on_disk == results["compilations"]
     return results["compilations"]

@@ -21,7 +21,7 @@ from tiny import tiny_config
 
 from aepg_jax import main
 from aepg_jax.config import schema
-from aepg_jax.continual import loop
+from aepg_jax.continual import trainer
 from aepg_jax.data import loader
 from aepg_jax.models import pretrain
 from aepg_jax.runs import checkpointing
@@ -48,7 +48,7 @@ def test_runs_end_to_end(tmp_path, method, loss, peft):
         tmp_path / "cache", **{"method.name": method, "loss.name": loss, "model.peft.kind": peft}
     )
     workdir = tmp_path / "run"
-    results = loop.run(cfg, str(workdir))
+    results = trainer.run(cfg, str(workdir))
 
     saved = json.load(open(workdir / "results.json"))
     assert saved["A_T"] == pytest.approx(results["A_T"])
@@ -90,10 +90,10 @@ def test_runs_end_to_end(tmp_path, method, loss, peft):
 
 def test_rerun_of_a_finished_run_resumes_without_training(tmp_path, capsys):
     cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 2, "max_steps_per_task": 2})
-    first = loop.run(cfg, str(tmp_path / "run"))
+    first = trainer.run(cfg, str(tmp_path / "run"))
     lines = len(_read_jsonl(tmp_path / "run" / "metrics.jsonl"))
     capsys.readouterr()
-    again = loop.run(cfg, str(tmp_path / "run"))
+    again = trainer.run(cfg, str(tmp_path / "run"))
     out = capsys.readouterr()
     assert "is finished (2 tasks)" in out.out + out.err and "resuming" not in out.out + out.err
     assert again["accuracy_matrix"] == first["accuracy_matrix"]
@@ -113,10 +113,10 @@ def test_other_config_in_existing_workdir_is_refused(tmp_path):
 def test_validation_errors_are_actionable(tmp_path):
     cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 11})
     with pytest.raises(ValueError, match=r"data.num_tasks=11 exceeds the dataset's 10 classes"):
-        loop.run(cfg, str(tmp_path / "run"))
+        trainer.run(cfg, str(tmp_path / "run"))
     cfg = tiny_config(tmp_path / "cache", **{"optim.batch_size": 1000})
     with pytest.raises(ValueError, match=r"fewer than optim\.batch_size=1000"):
-        loop.run(cfg, str(tmp_path / "run2"))
+        trainer.run(cfg, str(tmp_path / "run2"))
     cfg = tiny_config(tmp_path / "cache", **{"method.name": "ewc", "loss.name": "xent"})
     with pytest.raises(ValueError, match=r"(?s)Unknown loss 'xent'.*method.name='ewc'"):
         schema.validate(cfg)
@@ -137,7 +137,7 @@ def test_non_finite_loss_stops_the_run_with_its_step(tmp_path):
         match=r"Non-finite loss in task \d at global step "
         r"\d+\. Last good checkpoint",
     ):
-        loop.run(cfg, str(tmp_path / "run"))
+        trainer.run(cfg, str(tmp_path / "run"))
 
 
 def _corrupt_arrays(step_dir):
@@ -184,10 +184,10 @@ RUN_SCRIPT = textwrap.dedent("""
     import json, sys, pathlib
     sys.path.insert(0, {tests!r})
     from test_driver import tiny_config
-    from aepg_jax.continual import loop
+    from aepg_jax.continual import trainer
     overrides = json.loads(sys.argv[3])
     cfg = tiny_config(pathlib.Path(sys.argv[1]), **overrides)
-    loop.run(cfg, sys.argv[2])
+    trainer.run(cfg, sys.argv[2])
 """)
 
 
@@ -299,7 +299,7 @@ def test_default_config_runs_offline(tmp_path):
     cfg.pretrain.epochs = 1
     cfg.data.num_tasks = 2
     cfg.max_steps_per_task = 2
-    results = loop.run(cfg, str(tmp_path / "run"))
+    results = trainer.run(cfg, str(tmp_path / "run"))
     assert len(results["accuracy_matrix"]) == 2 and results["predictors"][0] == "ensemble"
     # The pretrained backbone is cached and reused, not trained again.
     files = [f for f in os.listdir(cfg.pretrain.cache_dir) if f.endswith(".npz")]
@@ -333,7 +333,7 @@ def test_paper_config_runs_at_tiny_shape(tmp_path, filename, arg):
     cfg.eval = tiny.eval
     cfg.max_steps_per_task = 2
     assert (cfg.method.to_dict(), cfg.loss.to_dict(), cfg.schedule.to_dict()) == kept[:3]
-    results = loop.run(cfg, str(tmp_path / "run"))
+    results = trainer.run(cfg, str(tmp_path / "run"))
     assert np.isfinite(results["A_T"])
 
 
@@ -353,7 +353,7 @@ def test_scanned_steps_match_the_per_step_loop(tmp_path):
                 "method.name": "lae",
             },
         )
-        results[k] = loop.run(cfg, str(tmp_path / f"k{k}"))
+        results[k] = trainer.run(cfg, str(tmp_path / f"k{k}"))
         losses[k] = [
             r["loss"]
             for r in _read_jsonl(tmp_path / f"k{k}" / "metrics.jsonl")
@@ -374,7 +374,7 @@ def test_bfloat16_compute_runs_end_to_end(tmp_path):
         tmp_path / "cache",
         **{"model.dtype": "bfloat16", "data.num_tasks": 2, "max_steps_per_task": 4},
     )
-    results = loop.run(cfg, str(tmp_path / "run"))
+    results = trainer.run(cfg, str(tmp_path / "run"))
     assert np.isfinite(results["A_T"])
     losses = [
         r["loss"] for r in _read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["type"] == "train"
@@ -402,11 +402,11 @@ def test_cosine_epoch_schedule_and_clipping():
     """`optim.lr_schedule=cosine_epochs` gives each epoch the lr that CODA-Prompt's (and
     InfLoRA's) CosineSchedule gives it, and `optim.clip_norm` rescales a gradient above that
     global norm before Adam."""
-    from aepg_jax.continual import state as state_lib
+    from aepg_jax.continual import steps as step_lib
 
     cfg = schema.base_config("vit_tiny")
     cfg.optim.update(learning_rate=1e-3, epochs=50, lr_schedule="cosine_epochs")
-    lr = state_lib.learning_rate(cfg, steps_per_epoch=4)
+    lr = step_lib.learning_rate(cfg, steps_per_epoch=4)
     reference = _coda_prompt_epoch_lrs(1e-3, 50)
     ours = [float(lr(4 * e + i)) for e in range(50) for i in (0, 3)]
     np.testing.assert_allclose(ours, np.repeat(reference, 2), rtol=1e-5)
@@ -418,7 +418,7 @@ def test_cosine_epoch_schedule_and_clipping():
         rtol=1e-5,
     )
     cfg.optim.epochs = 5
-    lr5 = state_lib.learning_rate(cfg, steps_per_epoch=1)
+    lr5 = step_lib.learning_rate(cfg, steps_per_epoch=1)
     np.testing.assert_allclose(
         [float(lr5(e)) / 1e-3 for e in range(5)],
         [1.0, 1.0, 0.925375, 0.712639, 0.393541],
@@ -427,9 +427,9 @@ def test_cosine_epoch_schedule_and_clipping():
 
     cfg.optim.update(lr_schedule="constant", clip_norm=1.0)
     trainable = {"head": {"kernel": np.zeros((2, 3), np.float32)}}
-    clipped_tx = state_lib.optimizer(cfg, trainable)
+    clipped_tx = step_lib.optimizer(cfg, trainable)
     cfg.optim.clip_norm = 0.0
-    plain_tx = state_lib.optimizer(cfg, trainable)
+    plain_tx = step_lib.optimizer(cfg, trainable)
     # Adam's first step is scale-free; a large then a small gradient shows the clipping.
     steps = [np.full((2, 3), 100.0, np.float32), np.full((2, 3), 0.01, np.float32)]
     by_hand = [steps[0] / np.linalg.norm(steps[0]), steps[1]]  # norm 0.0245 < 1: unchanged

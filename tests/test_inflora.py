@@ -13,7 +13,7 @@ from test_multiseed import _assert_same_run
 
 from aepg_jax import methods
 from aepg_jax.config import schema
-from aepg_jax.continual import loop
+from aepg_jax.continual import trainer
 from aepg_jax.methods import dualgpm, inflora
 from aepg_jax.models import partition, vit
 from aepg_jax.runs import records
@@ -295,7 +295,7 @@ def test_runs_end_to_end_with_a_and_earlier_b_frozen(tmp_path, monkeypatch, loss
     seen = _record_states(monkeypatch)
     overrides = {"loss.name": loss, "optim.peft_freeze_epochs": 0, "data.num_tasks": 2}
     cfg = _inflora_config(tmp_path, **overrides)
-    results = loop.run(cfg, str(tmp_path / "run"))
+    results = trainer.run(cfg, str(tmp_path / "run"))
     assert np.isfinite(results["A_T"]) and len(results["accuracy_matrix"]) == 2
     begins = {t: s for hook, t, s in seen if hook == "begin"}
     ends = {t: s for hook, t, s in seen if hook == "end"}
@@ -315,7 +315,7 @@ def test_interrupted_covariance_pass_resumes_to_the_same_results(tmp_path, monke
     """A run stopped in task 1's covariance pass restarts from task 0's checkpoint, recomputes
     A_1 and ends exactly as an uninterrupted run."""
     cfg = _inflora_config(tmp_path, **{"data.num_tasks": 2, "max_steps_per_task": 3})
-    straight = loop.run(cfg, str(tmp_path / "straight"))
+    straight = trainer.run(cfg, str(tmp_path / "straight"))
     covariance = inflora.InfLoRA.covariance
 
     def crash_in_task_1(self, ctx, state, lora, task, desc):
@@ -325,9 +325,9 @@ def test_interrupted_covariance_pass_resumes_to_the_same_results(tmp_path, monke
 
     monkeypatch.setattr(inflora.InfLoRA, "covariance", crash_in_task_1)
     with pytest.raises(RuntimeError, match="killed"):
-        loop.run(cfg, str(tmp_path / "killed"))
+        trainer.run(cfg, str(tmp_path / "killed"))
     monkeypatch.undo()
-    resumed = loop.run(cfg, str(tmp_path / "killed"))
+    resumed = trainer.run(cfg, str(tmp_path / "killed"))
     assert resumed["accuracy_matrix"] == straight["accuracy_matrix"]
     assert resumed["entropy"] == pytest.approx(straight["entropy"], rel=1e-6)
 
@@ -340,11 +340,11 @@ def test_seed_i_of_a_vmapped_run_equals_a_single_run_of_seed_i(tmp_path):
     """num_seeds=2: per-seed covariance passes and SVDs, one vmapped train step."""
     base = {"seed": 5, "data.num_tasks": 2, "max_steps_per_task": 6, "log_every_steps": 1}
     cfg = _inflora_config(tmp_path, **base, num_seeds=2)
-    loop.run(cfg, str(tmp_path / "vmapped"))
+    trainer.run(cfg, str(tmp_path / "vmapped"))
     for seed in (5, 6):
         single_cfg = _inflora_config(tmp_path, **base)
         single_cfg.seed = seed
-        single = loop.run(single_cfg, str(tmp_path / f"single_{seed}"))
+        single = trainer.run(single_cfg, str(tmp_path / f"single_{seed}"))
         seed_dir = tmp_path / "vmapped" / f"seed_{seed}"
         per_seed = json.load(open(seed_dir / records.RESULTS_FILE))
         _assert_same_run(seed_dir, tmp_path / f"single_{seed}", per_seed, single)
@@ -359,7 +359,7 @@ def test_default_config_runs_with_inflora_alone(tmp_path):
     cfg.pretrain.cache_dir = str(tmp_path / "cache" / "pretrained")
     cfg.pretrain.dataset, cfg.pretrain.epochs = "digits", 1  # Fashion-MNIST may be absent
     cfg.data.num_tasks, cfg.max_steps_per_task = 2, 2
-    results = loop.run(cfg, str(tmp_path / "run"))
+    results = trainer.run(cfg, str(tmp_path / "run"))
     assert results["predictors"] == ["model"] and np.isfinite(results["A_T"])
 
 

@@ -13,7 +13,7 @@ from test_driver import tiny_config
 
 from aepg_jax import methods
 from aepg_jax.config import schema
-from aepg_jax.continual import loop
+from aepg_jax.continual import trainer
 from aepg_jax.methods import base
 from aepg_jax.runs import checkpointing
 
@@ -92,7 +92,7 @@ def test_a_method_added_by_one_class_and_a_registry_entry_runs(tmp_path, monkeyp
     cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 2, "max_steps_per_task": 3})
     cfg.method.name = "counting"  # the config is unlocked: a test-only name
     cfg.num_seeds = 2
-    summary = loop.run(cfg, str(tmp_path / "run"))
+    summary = trainer.run(cfg, str(tmp_path / "run"))
     assert summary["predictors"] == ["model", "model_again"]
     # Per seed: every task's head is there from the start (run-static shapes), the state
     # counts steps across tasks.
@@ -117,4 +117,4 @@ def test_checkpoint_of_the_older_state_layout_is_refused(tmp_path):
     ckpt.save(2, {"state": {"w": jax.numpy.zeros(3)}}, meta)  # layout 1 had no `state_layout`
     ckpt.close()
     with pytest.raises(ValueError, match=r"older aepg_jax \(state layout 1.*use a new workdir"):
-        loop.run(cfg, str(tmp_path / "run"))
+        trainer.run(cfg, str(tmp_path / "run"))

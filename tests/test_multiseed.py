@@ -17,7 +17,7 @@ import pytest
 from test_driver import _read_jsonl, tiny_config
 
 from aepg_jax.config import schema
-from aepg_jax.continual import loop, results
+from aepg_jax.continual import trainer
 from aepg_jax.runs import records
 
 
@@ -69,11 +69,11 @@ def _assert_same_run(vmapped_dir, single_dir, vmapped_results, single_results):
 def test_seed_i_of_a_vmapped_run_equals_a_single_run_of_seed_i(tmp_path, overrides):
     base = {"seed": 5, "data.num_tasks": 2, "max_steps_per_task": 8, "log_every_steps": 1}
     cfg = tiny_config(tmp_path / "cache", **base, **overrides)
-    summary = loop.run(cfg, str(tmp_path / "vmapped"))
+    summary = trainer.run(cfg, str(tmp_path / "vmapped"))
     seeds = list(range(5, 5 + overrides["num_seeds"]))
     assert summary["seeds"] == seeds
 
-    saved = json.load(open(tmp_path / "vmapped" / results.SEEDS_RESULTS_FILE))
+    saved = json.load(open(tmp_path / "vmapped" / records.SEEDS_RESULTS_FILE))
     a_t = [r["A_T"] for r in saved["per_seed"]]
     primary = saved["predictors"][0]
     assert saved["metrics"][primary]["A_T"]["values"] == pytest.approx(a_t)
@@ -85,7 +85,7 @@ def test_seed_i_of_a_vmapped_run_equals_a_single_run_of_seed_i(tmp_path, overrid
     for seed in seeds if overrides.get("optim.steps_per_call", 1) > 1 else seeds[-1:]:
         single_cfg = tiny_config(tmp_path / "cache", **base, **overrides)
         single_cfg.seed, single_cfg.num_seeds = seed, 1
-        single = loop.run(single_cfg, str(tmp_path / f"single_{seed}"))
+        single = trainer.run(single_cfg, str(tmp_path / f"single_{seed}"))
         seed_dir = tmp_path / "vmapped" / f"seed_{seed}"
         per_seed = json.load(open(seed_dir / records.RESULTS_FILE))
         assert per_seed["seed"] == seed
@@ -105,14 +105,14 @@ def test_vmapped_run_resumes_from_its_last_task_checkpoint(tmp_path):
         **{"num_seeds": 2, "method.name": "lwf", "data.num_tasks": 2, "max_steps_per_task": 4},
     )
     work = tmp_path / "run"
-    full = loop.run(cfg, str(work))
+    full = trainer.run(cfg, str(work))
 
     # Drop the final checkpoint and results: the rerun restores the stacked state and the
     # per-seed trackers after task 1 and trains task 2 again.
     ckpts = sorted((work / "checkpoints").iterdir(), key=lambda p: int(p.name))
     shutil.rmtree(ckpts[-1])
-    (work / results.SEEDS_RESULTS_FILE).unlink()
-    resumed = loop.run(cfg, str(work))
+    (work / records.SEEDS_RESULTS_FILE).unlink()
+    resumed = trainer.run(cfg, str(work))
     for p in full["predictors"]:
         for k in ("A_T", "avg_inc_acc", "forgetting"):
             assert resumed["metrics"][p][k]["values"] == pytest.approx(

@@ -11,7 +11,7 @@ from test_prepare import offline, prepare  # noqa: F401 (fixture)
 from test_scratch import tiny_config as scratch_tiny_config
 from tiny import tiny_config
 
-from aepg_jax.continual import loop
+from aepg_jax.continual import trainer as continual_trainer
 from aepg_jax.prepare import tfds_build
 from aepg_jax.scratch import trainer
 
@@ -52,7 +52,7 @@ def test_two_task_continual_run_on_prepared_data(tmp_path, offline, name):  # no
         **{"eval.batch_size": 8, "loss.name": "aepg"},
         **{"method.name": "plain" if name == "imagenet_r" else "lae"},
     )
-    results = loop.run(cfg, str(tmp_path / "run"))
+    results = continual_trainer.run(cfg, str(tmp_path / "run"))
     saved = json.load(open(tmp_path / "run" / "results.json"))
     matrix = np.array(saved["accuracy_matrix"], dtype=float)
     assert matrix.shape == (2, 2) and np.all(np.isfinite(matrix[np.triu_indices(2)]))

@@ -17,7 +17,7 @@ from test_driver import _read_jsonl, tiny_config
 from test_multiseed import _assert_same_run
 
 from aepg_jax.config import schema
-from aepg_jax.continual import loop
+from aepg_jax.continual import trainer
 from aepg_jax.methods import (
     Network,
     TaskSpec,
@@ -379,7 +379,7 @@ E2E = {
 def _run(tmp_path, name, workdir=None, **overrides):
     cfg = tiny_config(tmp_path / "cache", **{**E2E, "method.name": name, **overrides})
     workdir = tmp_path / (workdir or name)
-    return loop.run(cfg, str(workdir)), workdir
+    return trainer.run(cfg, str(workdir)), workdir
 
 
 @pytest.mark.parametrize(

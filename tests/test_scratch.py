@@ -126,7 +126,7 @@ def test_validation_errors_name_the_field(tmp_path):
 def test_main_dispatches_on_the_trainer_field(tmp_path):
     assert main.select_trainer(tiny_config(tmp_path)) == (scratch_config.validate, trainer.run)
     continual = schema.base_config("vit_tiny")
-    assert main.select_trainer(continual) == (schema.validate, main.loop.run)
+    assert main.select_trainer(continual) == (schema.validate, main.continual_trainer.run)
     continual.trainer = "gan"
     with pytest.raises(
         ValueError, match=r"trainer='gan' is unknown; use one of continual, scratch"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from aepg_jax.config import schema
-from aepg_jax.continual import loop
+from aepg_jax.continual import trainer
 from aepg_jax.runs import records
 from aepg_jax.runs import tensorboard as tb
 
@@ -35,7 +35,7 @@ def _default_run(tmp_path, **overrides):
     for key, value in overrides.items():
         cfg[key] = value
     workdir = tmp_path / "run"
-    loop.run(cfg, str(workdir))
+    trainer.run(cfg, str(workdir))
     return cfg, workdir
 
 

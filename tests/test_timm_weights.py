@@ -21,7 +21,7 @@ from tiny import tiny_config
 from aepg_jax.checkpoints import augreg, hub, timm, weights
 from aepg_jax.checkpoints import inspect as inspect_cli
 from aepg_jax.config import schema
-from aepg_jax.continual import loop
+from aepg_jax.continual import trainer
 from aepg_jax.models import vit
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -211,7 +211,7 @@ def test_a_run_from_an_hf_hub_id_says_which_weights_and_records_the_sha256(
     cfg.model.update(fixture.model.to_dict())
     cfg.model.checkpoint = f"hf-hub:{repo_id}"
     cfg.data.store_size = fixture.data.store_size
-    loop.run(cfg, os.fspath(tmp_path / "run"))
+    trainer.run(cfg, os.fspath(tmp_path / "run"))
     assert "augreg2_in21k_ft_in1k, NOT the paper's weights" in capsys.readouterr().out
     with open(tmp_path / "run" / "results.json") as f:
         source = json.load(f)["backbone_source"]

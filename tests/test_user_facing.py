@@ -21,7 +21,7 @@ from tiny import write_spec
 
 from aepg_jax import losses, main
 from aepg_jax.config import schema
-from aepg_jax.continual import loop, plots, results
+from aepg_jax.continual import plots, results, trainer
 from aepg_jax.data import loader
 from aepg_jax.models import pretrain
 from aepg_jax.runs import records
@@ -52,7 +52,7 @@ def test_default_uses_the_shipped_backbone_and_reports_it(tmp_path, capsys):
     cfg.log_every_steps = 1
     old = os.umask(0o022)
     try:
-        out = loop.run(cfg, str(tmp_path / "run"))
+        out = trainer.run(cfg, str(tmp_path / "run"))
     finally:
         os.umask(old)
     assert not os.path.exists(cfg.pretrain.cache_dir)  # no pretraining happened

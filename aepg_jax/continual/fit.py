@@ -15,12 +15,9 @@ RESOURCE_EXHAUSTED deep inside training.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import jax
-
-from aepg_jax.continual import train_step as ts
-from aepg_jax.continual import training
-from aepg_jax.continual.setup import Run
 
 ENV = "AEPG_FIT_CHECK"
 GIB = 2**30
@@ -73,16 +70,13 @@ def device_available(device: jax.Device) -> int | None:
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
-def step_needs(run: Run, t: int, state: ts.TrainState) -> int | None:
-    """Bytes the compiled train step needs beyond its arguments (None: no memory analysis)."""
-    batch = next(training.train_batches(run, t, epoch=0))
-    step = training.task_step_fn(run, t)
+def step_needs(step: Callable, args: tuple) -> int | None:
+    """Bytes the compiled `step(*args)` needs beyond its arguments (None: no memory analysis)."""
 
-    def fit_check_step(*args):
-        return step(*args)
+    def fit_check_step(*a):
+        return step(*a)
 
-    spec, total = training.task_args(run, t)
-    compiled = jax.jit(fit_check_step).lower(state, run.frozen, batch, spec, total).compile()
+    compiled = jax.jit(fit_check_step).lower(*args).compile()
     m = compiled.memory_analysis()
     if m is None:
         return None
@@ -94,12 +88,13 @@ def step_needs(run: Run, t: int, state: ts.TrainState) -> int | None:
     )
 
 
-def check(run: Run, t: int, state: ts.TrainState) -> None:
-    """Raises `DoesNotFit` (one line) when the step of task `t` cannot fit the device."""
+def check(step: Callable, args: tuple, batch_size: int) -> None:
+    """Raises `DoesNotFit` (one line) when the train step `step(*args)` cannot fit the device;
+    `batch_size` is `optim.batch_size`, named in the advice."""
     if not enabled():
         return
     device = jax.devices()[0]
-    needed = step_needs(run, t, state)
+    needed = step_needs(step, args)
     cpu = device.platform == "cpu"
     available = host_available() if cpu else device_available(device)
     if needed is None or available is None or needed <= available:
@@ -108,7 +103,7 @@ def check(run: Run, t: int, state: ts.TrainState) -> None:
     raise DoesNotFit(
         f"the train step needs {needed / GIB:.1f} GiB beyond its parameters and data, the "
         f"{where} is {available / GIB:.1f} GiB; lower optim.batch_size (now "
-        f"{run.cfg.optim.batch_size}), use model.dtype=bfloat16 or a smaller model.image_size, "
+        f"{batch_size}), use model.dtype=bfloat16 or a smaller model.image_size, "
         f"or find the largest batch that fits with `python -m aepg_jax.plan --max_batch` "
         f"({ENV}=0 skips this check)."
     )

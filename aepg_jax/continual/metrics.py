@@ -1,4 +1,4 @@
-"""Class-incremental accuracy metrics (SPEC §4), pure NumPy.
+"""Class-incremental accuracy metrics (docs/algorithm.md §4), pure NumPy.
 
 Notation (0-based): `T` tasks; accuracy matrix `a[i, j]` = accuracy on the test set of task `i`
 after learning task `j`, defined for `i <= j` (NaN above the diagonal's complement, `i > j`).
@@ -207,3 +207,12 @@ def summary(tracker: AccuracyTracker, predictor: str) -> dict[str, Any]:
         "acc_pooled_T": _finite_or_none(pooled[n - 1], 100.0) if n else None,
         "tasks_evaluated": n,
     }
+
+
+def as_float_array(x: Any) -> np.ndarray:
+    """Nested lists with None (JSON) or an array, as float64 with NaN."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float64)
+    if x and isinstance(x[0], list | tuple):
+        return np.array([[np.nan if v is None else v for v in row] for row in x], np.float64)
+    return np.array([np.nan if v is None else v for v in x], np.float64)

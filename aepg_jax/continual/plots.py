@@ -16,7 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from aepg_jax.continual.results import as_float_array, is_number
+from aepg_jax.continual.metrics import as_float_array
+from aepg_jax.runs.records import is_number, run_name
 
 
 def plot_accuracy_matrix(
@@ -122,14 +123,6 @@ def plot_incremental_accuracy(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def run_name(results: Mapping[str, Any]) -> str:
-    """`loss / method, seed s` of a results dict, to title its plots."""
-    config = results.get("config") or {}
-    loss = (config.get("loss") or {}).get("name", "?")
-    method = (config.get("method") or {}).get("name", "?")
-    return f"{loss} / {method}, seed {results.get('seed', config.get('seed', '?'))}"
 
 
 def write_plots(

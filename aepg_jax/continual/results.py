@@ -1,5 +1,5 @@
-"""What a continual run reports: results.json's dict, the multi-seed summary and the terminal
-tables.
+"""What a continual run records and reports: the per-seed trackers and metric writers
+(`Bookkeeping`), results.json's dict, the multi-seed summary, the plots and terminal tables.
 
 The driver writes these records to metrics.jsonl (accuracies and entropies as in
 `metrics.summary`, percent):
@@ -19,31 +19,22 @@ the plots); the files keep 0-based indices (metrics.jsonl's `task`, results.json
 from __future__ import annotations
 
 import math
+import os
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import tqdm
 
-from aepg_jax.continual import metrics
+from aepg_jax.continual import metrics, plots, setup
+from aepg_jax.continual.setup import Run
+from aepg_jax.runs import checkpointing, records
 from aepg_jax.runs.records import to_jsonable
+from aepg_jax.system import environment
 
-SEEDS_RESULTS_FILE = "results_seeds.json"
 SEED_METRICS = ("A_T", "avg_inc_acc", "forgetting", "acc_pooled_T")
-
-
-def is_number(x: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def as_float_array(x: Any) -> np.ndarray:
-    """Nested lists with None (JSON) or an array, as float64 with NaN."""
-    if isinstance(x, np.ndarray):
-        return x.astype(np.float64)
-    if x and isinstance(x[0], list | tuple):
-        return np.array([[np.nan if v is None else v for v in row] for row in x], np.float64)
-    return np.array([np.nan if v is None else v for v in x], np.float64)
 
 
 def build_results(
@@ -81,45 +72,33 @@ def build_results(
     }
 
 
-def _mean_std(values: Sequence[Any]) -> dict[str, Any]:
-    """Mean and sample std (ddof=1; None for one value) of the finite values."""
-    finite = [float(v) for v in values if is_number(v) and math.isfinite(v)]
-    return {
-        "mean": float(np.mean(finite)) if finite else None,
-        "std": float(np.std(finite, ddof=1)) if len(finite) > 1 else None,
-        "values": [float(v) if is_number(v) else None for v in values],
-    }
-
-
 def seeds_summary(
     per_seed: Sequence[Mapping[str, Any]], config: Mapping[str, Any], wall_time_s: float
 ) -> dict[str, Any]:
-    """results_seeds.json of a multi-seed run: mean +- std over seeds.
+    """results_seeds.json of a multi-seed run (`records.seeds_summary`): mean +- std over seeds.
 
-    Keys: `config`, `seeds`, `predictors`, `metrics` ({predictor: {metric: {mean, std,
-    values}}} for `SEED_METRICS`), `accuracy_matrix_mean` (primary predictor, %), `wall_time_s`
-    (of the whole vmapped run) and `per_seed` (each seed's results.json dict).
+    `metrics` is {predictor: {metric: {mean, std, values}}} for `SEED_METRICS`; besides it,
+    `predictors` and `accuracy_matrix_mean` (primary predictor, %).
     """
     predictors = list(per_seed[0]["predictors"])
     table = {
-        p: {k: _mean_std([r["methods"][p].get(k) for r in per_seed]) for k in SEED_METRICS}
+        p: {k: records.mean_std([r["methods"][p].get(k) for r in per_seed]) for k in SEED_METRICS}
         for p in predictors
     }
-    matrices = np.stack([as_float_array(r["accuracy_matrix"]) for r in per_seed])
+    matrices = np.stack([metrics.as_float_array(r["accuracy_matrix"]) for r in per_seed])
     with warnings.catch_warnings():  # entries no seed has (j < i) stay NaN without a warning
         warnings.simplefilter("ignore", RuntimeWarning)
         mean_matrix = np.nanmean(matrices, axis=0)
-    return {
-        "config": to_jsonable(config),
-        "seeds": [int(r["seed"]) for r in per_seed],
-        "predictors": predictors,
-        "metrics": table,
-        "accuracy_matrix_mean": [
+    return records.seeds_summary(
+        per_seed,
+        config,
+        wall_time_s,
+        table,
+        predictors=predictors,
+        accuracy_matrix_mean=[
             [None if not math.isfinite(v) else float(v) for v in row] for row in mean_matrix
         ],
-        "wall_time_s": float(wall_time_s),
-        "per_seed": [dict(r) for r in per_seed],
-    }
+    )
 
 
 def seeds_table(summary: Mapping[str, Any]) -> str:
@@ -147,11 +126,11 @@ def seeds_table(summary: Mapping[str, Any]) -> str:
 
 
 def _fmt(x: Any, width: int = 7, digits: int = 2) -> str:
-    return f"{x:>{width}.{digits}f}" if is_number(x) else f"{'-':>{width}}"
+    return f"{x:>{width}.{digits}f}" if records.is_number(x) else f"{'-':>{width}}"
 
 
 def _fmt_duration(seconds: Any) -> str:
-    if not is_number(seconds):
+    if not records.is_number(seconds):
         return "-"
     s = round(seconds)
     return f"{seconds:.1f} s ({s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d})"
@@ -187,3 +166,136 @@ def final_table(results: Mapping[str, Any]) -> str:
                 f"{_fmt(m.get('forgetting'), 8)}{_fmt(m.get('acc_pooled_T'), 9)}"
             )
     return "\n".join(lines)
+
+
+class Bookkeeping:
+    """The host-side records of a run: accuracy trackers and metric writers (one per seed),
+    elapsed time, and the `meta` that every checkpoint stores to resume them. Only process 0
+    writes files."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.seed_dirs = records.seed_dirs(run.workdir, run.axis.seeds)
+        self.writers = records.open_writers(run.cfg, self.seed_dirs, enabled=run.is_main)
+        self.trackers = [
+            metrics.AccuracyTracker(run.num_tasks, run.method.predictors) for _ in run.axis.seeds
+        ]
+        self.elapsed_before = 0.0
+        self.started = time.time()
+
+    def elapsed(self) -> float:
+        """Wall seconds of this run, earlier (resumed) sessions included."""
+        return self.elapsed_before + time.time() - self.started
+
+    def meta(self, task: int, phase: str, epoch: int) -> dict:
+        """What a checkpoint stores beside the state."""
+        return {
+            "state_layout": setup.STATE_LAYOUT,
+            "task": task,
+            "phase": phase,
+            "epoch": epoch,
+            "seeds": list(self.run.axis.seeds),
+            "trackers": [t.to_dict() for t in self.trackers],
+            "head_sizes": list(self.run.head_sizes[: task + 1]),
+            "backbone_sha256": self.run.fingerprint,
+            "elapsed_s": self.elapsed(),
+        }
+
+    def resume_from(self, meta: dict) -> None:
+        """Takes the trackers and elapsed time of a restored checkpoint."""
+        self.trackers = [metrics.AccuracyTracker.from_dict(d) for d in meta["trackers"]]
+        self.elapsed_before = meta["elapsed_s"]
+
+    def record_eval(self, task: int, step: int, results: list[dict]) -> None:
+        """Writes each seed's eval record and prints A_t (mean +- std over seeds)."""
+        predictors = self.run.method.predictors
+        primary = predictors[0]
+        a_t = []
+        for result, tracker, writer in zip(results, self.trackers, self.writers, strict=True):
+            a = tracker.matrix(primary)
+            a_t.append(100.0 * metrics.incremental_accuracy(a, task))
+            writer.write(
+                {
+                    "type": "eval",
+                    "task": task,
+                    "step": step,
+                    "accuracy": {
+                        p: [result["per_task"][i][p] for i in range(task + 1)] for p in predictors
+                    },
+                    "A_t": a_t[-1],
+                    "acc_pooled": 100.0
+                    * metrics.pooled_accuracy(
+                        tracker.correct[primary], tracker.total[primary], task
+                    ),
+                    "entropy": result["entropy"],
+                    # Mean forgetting of tasks < task (NaN -> null after the first task).
+                    "forgetting": 100.0 * metrics.mean_forgetting(a[: task + 1, : task + 1]),
+                }
+            )
+        if not self.run.is_main:
+            return
+        if self.run.axis.vmapped:
+            summary = (
+                f"{np.mean(a_t):.2f} +- {np.std(a_t, ddof=1):.2f}% over "
+                f"{len(a_t)} seeds ({primary})"
+            )
+        else:
+            summary = f"{a_t[0]:.2f}% ({primary})"
+        tqdm.tqdm.write(f"after task {task + 1}: A_t = {summary}")
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+def provenance(run: Run, seed_index: int, env: dict) -> dict:
+    """What one seed's numbers depend on besides its config: the frozen backbone's fingerprint
+    (as a single run of that seed computes it), the backbone's file, the environment."""
+    fingerprint = (
+        run.fingerprint
+        if run.frozen_axis is None
+        else checkpointing.backbone_fingerprint(run.frozen_of(seed_index))
+    )
+    return {
+        "backbone_fingerprint": fingerprint,
+        "backbone_source": run.backbone_source,
+        "environment": env,
+    }
+
+
+def report(run: Run, book: Bookkeeping, wall: float, compilations: dict | None = None) -> dict:
+    """Writes each seed's results.json and plots (plus the seeds' summary, results_seeds.json),
+    prints the terminal table and returns the run's results;
+    `compilations` (`compiles.Counter.summary`) goes into each results file."""
+    env = environment.describe()
+    per_seed = [
+        build_results(
+            tracker,
+            records.seed_config(run.cfg, seed),
+            wall,
+            seed,
+            list(run.head_sizes),
+            provenance(run, i, env),
+        )
+        for i, (tracker, seed) in enumerate(zip(book.trackers, run.axis.seeds, strict=True))
+    ]
+    if compilations is not None:
+        for res in per_seed:
+            res["compilations"] = compilations
+    if run.is_main:
+        for res, directory in zip(per_seed, book.seed_dirs, strict=True):
+            records.write_results(directory, res)
+            plots.write_plots(
+                directory, res, records.read_metrics(os.path.join(directory, records.METRICS_FILE))
+            )
+    if not run.axis.vmapped:
+        if run.is_main:
+            print(final_table(per_seed[0]))
+        return per_seed[0]
+    summary = seeds_summary(per_seed, run.cfg.to_dict(), wall)
+    if compilations is not None:
+        summary["compilations"] = compilations
+    if run.is_main:
+        records.write_results(run.workdir, summary, records.SEEDS_RESULTS_FILE)
+        print(seeds_table(summary))
+    return summary

@@ -1,8 +1,14 @@
-"""Building a continual run: its data, backbone, seeds and method (everything fixed for the run).
+"""Building a continual run: its data, backbone, seeds and method (everything fixed for the run),
+and its train state at a task's start or in a checkpoint.
 
 `build(cfg, workdir)` validates the config against the devices, loads and caches the dataset,
 cuts it into tasks, builds each seed's initial parameters (backbone + fresh PEFT) and returns
-the `Run` that the training, evaluation, resume and report modules read.
+the `Run` that the trainer (`trainer.py`) and the planner read.
+
+The trainable tree during task t is the initial PEFT plus every task's head (head s initialised
+from the seed's key, `fold_in(key, 1000 + s)`, present from the start so that the shapes, and
+the compiled programs, hold for the whole run) plus whatever the method grows for tasks 0..t
+(`fold_in(key, 2000 + t)`); rebuilding it from the keys gives any checkpoint's structure.
 """
 
 from __future__ import annotations
@@ -14,18 +20,24 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from aepg_jax import losses, methods
 from aepg_jax.checkpoints import augreg, weights
 from aepg_jax.config import schema
-from aepg_jax.continual import train_step as ts
+from aepg_jax.continual import steps
 from aepg_jax.data import cache, datasets, loader, splits
-from aepg_jax.models import partition, pretrain, vit
+from aepg_jax.models import head, partition, pretrain, vit
 from aepg_jax.runs import checkpointing, seeds
 from aepg_jax.runs.seeds import SeedAxis
 
 Params = dict[str, Any]
+
+# Version of the checkpointed state's layout; a checkpoint of another layout is refused.
+# 2: the method's state is `TrainState.method_state` (1 had `offline_peft` and an `lwf` item).
+# 3: run-static shapes: every task's head from the start, the method state from task 0.
+STATE_LAYOUT = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +127,8 @@ def backbone_source(cfg: ml_collections.ConfigDict) -> dict | None:
     return {"path": path, "shipped": shipped is not None, "sha256": pretrain.file_fingerprint(path)}
 
 
-def step_config(cfg: ml_collections.ConfigDict) -> ts.StepConfig:
-    return ts.StepConfig(
+def step_config(cfg: ml_collections.ConfigDict) -> steps.StepConfig:
+    return steps.StepConfig(
         image_size=cfg.model.image_size,
         crop_scale=tuple(cfg.data.crop_scale),
         crop_ratio=tuple(cfg.data.crop_ratio),
@@ -147,7 +159,7 @@ class Run:
     fingerprint: str  # sha256 of the frozen backbone, checked on resume
     method: methods.Method
     net: methods.Network
-    step_cfg: ts.StepConfig
+    step_cfg: steps.StepConfig
     loss_fn: Callable[..., jax.Array]
     annealed: bool
     fixed_alpha: float | None = None  # a fixed mix's alpha (logged); None: annealed or none
@@ -252,3 +264,91 @@ def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     if run.is_main:
         print(weights.describe(info), flush=True)
     return dataclasses.replace(run, backbone_source={**info, "shipped": False})
+
+
+def with_heads(run: Run, trainable: Params) -> Params:
+    """Every task's head added to every seed's tree, head t initialised from
+    `fold_in(key, 1000 + t)` as if it grew at task t's start: the tree's shapes hold for the
+    whole run (the classes of later tasks are masked, their heads get no gradient)."""
+
+    def one_seed(i: int, tree: Params) -> Params:
+        for t, n in enumerate(run.head_sizes):
+            tree = head.grow(
+                tree, jax.random.fold_in(run.keys[i], 1000 + t), n, run.cfg.model.hidden_size
+            )
+        return tree
+
+    return run.axis.map(one_seed, trainable)
+
+
+def grow(run: Run, trainable: Params, task: int) -> Params:
+    """Adds the method's own task leaves of task `task` to every seed's tree (the heads are
+    there from the start, `with_heads`)."""
+
+    def one_seed(i: int, tree: Params) -> Params:
+        return run.method.grow(task, tree, jax.random.fold_in(run.keys[i], 2000 + task))
+
+    return run.axis.map(one_seed, trainable)
+
+
+def first_trainable(run: Run) -> Params:
+    """The trainable tree before task 0's hooks: the initial PEFT and every task's head."""
+    return with_heads(run, run.axis.stack(list(run.initial_peft)))
+
+
+def trainable_for(run: Run, task: int) -> Params:
+    """The trainable tree of task `task` as first built (deterministic per seed)."""
+    trainable = first_trainable(run)
+    for t in range(task + 1):
+        trainable = grow(run, trainable, t)
+    return trainable
+
+
+def initial_method_state(run: Run) -> Params:
+    """Every seed's method state before task 0 (`Method.init_state` of task 0's tree)."""
+    first = run.axis.unstack(trainable_for(run, 0))
+    return run.axis.stack([run.method.init_state(tr) for tr in first])
+
+
+def fresh_state(
+    run: Run, trainable: Params, method_state: Params, global_step: int
+) -> steps.TrainState:
+    """A task's first state: a new optimizer state, task step 0, the seed's RNG."""
+    tx = steps.optimizer(run.cfg, run.axis.unstack(trainable)[0])
+    states = [
+        steps.TrainState(
+            trainable=tr,
+            opt_state=tx.init(tr),
+            method_state=ms,
+            task_step=jnp.zeros([], jnp.int32),
+            global_step=jnp.asarray(global_step, jnp.int32),
+            rng=jax.random.fold_in(key, 7),
+            first_bad_step=jnp.asarray(-1, jnp.int32),
+        )
+        for tr, ms, key in zip(
+            run.axis.unstack(trainable), run.axis.unstack(method_state), run.keys, strict=True
+        )
+    ]
+    # Copies: the train step donates its state, which must never alias `initial_peft`.
+    state = jax.tree.map(lambda x: jnp.array(x, copy=True), run.axis.stack(states))
+    return jax.device_put(state, run.replicated)
+
+
+def checkpoint_target(run: Run, meta: dict) -> dict[str, steps.TrainState]:
+    """A state of the structure of the checkpoint described by `meta` (values arbitrary)."""
+    where = os.path.join(run.workdir, "checkpoints")
+    if meta.get("state_layout") != STATE_LAYOUT:
+        raise checkpointing.IncompatibleCheckpoint(
+            f"The checkpoints in {where} were written by an older aepg_jax (state layout "
+            f"{meta.get('state_layout', 1)}, this one reads {STATE_LAYOUT}); use a new workdir."
+        )
+    if meta.get("seeds") != list(run.axis.seeds):
+        raise checkpointing.IncompatibleCheckpoint(
+            f"The checkpoints in {where} hold seeds {meta.get('seeds')}, this run trains "
+            f"{list(run.axis.seeds)}; use a new workdir."
+        )
+    task, phase = meta["task"], meta["phase"]
+    trainable = trainable_for(run, task)
+    one = run.method.state_like(task, phase, lambda t: run.axis.unstack(trainable_for(run, t))[0])
+    method_state = run.axis.stack([one] * len(run.axis.seeds))
+    return {"state": fresh_state(run, trainable, method_state, 0)}

@@ -1,10 +1,10 @@
 """Every jitted program a continual run executes, as `(function, arguments)` to lower, built by
 the run's own factories (no second construction of a step):
 
-  train task 1            `training.run_step_fn` of task 0 (PEFT and heads train)
+  train task 1            `trainer.run_step_fn` of task 0 (PEFT and heads train)
   train task T head-only  task T-1's step in its head-only phase (when it has one)
   train task T            task T-1's step training PEFT and heads (its largest head set)
-  eval after task T       `evaluation.eval_fn_of` over all T tasks' heads
+  eval after task T       `trainer.eval_fn_of` over all T tasks' heads
   <method program>        `Method.host_programs` (e.g. InfLoRA's covariance pass), one seed
 
 with the run's donation (the train state) and `num_seeds` vmapping. A task's step is compiled
@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from aepg_jax.continual import evaluation, training
-from aepg_jax.continual import state as state_lib
+from aepg_jax.continual import setup, trainer
 from aepg_jax.continual.setup import Run
 from aepg_jax.data import loader
 
@@ -77,13 +76,13 @@ def _batch(run: Run, batch_size: int, stacked: bool, mask: bool) -> dict[str, An
 
 
 def task_state(run: Run, t: int):
-    """Task `t`'s train state at its start, as `state.checkpoint_target` rebuilds it."""
-    trainable = state_lib.trainable_for(run, t)
+    """Task `t`'s train state at its start, as `setup.checkpoint_target` rebuilds it."""
+    trainable = setup.trainable_for(run, t)
     one = run.method.state_like(
-        t, "in_task", lambda s: run.axis.unstack(state_lib.trainable_for(run, s))[0]
+        t, "in_task", lambda s: run.axis.unstack(setup.trainable_for(run, s))[0]
     )
     method_state = run.axis.stack([one] * len(run.axis.seeds))
-    return state_lib.fresh_state(run, trainable, method_state, 0)
+    return setup.fresh_state(run, trainable, method_state, 0)
 
 
 def train_programs(run: Run) -> list[Program]:
@@ -97,12 +96,12 @@ def train_programs(run: Run) -> list[Program]:
     out = []
     tasks = [(0, None, "train task 1")]
     if last > 0:
-        if training.task_spec(run, last).freeze_steps > 0:
+        if trainer.task_spec(run, last).freeze_steps > 0:
             tasks.append((last, False, f"train task {last + 1} head-only"))
         tasks.append((last, True, f"train task {last + 1}"))
     for t, phase, name in tasks:
         state = task_state(run, t)
-        fn = training.run_step_fn(run, t, state, phase=phase)
+        fn = trainer.run_step_fn(run, t, phase=phase)
         out.append(
             Program(
                 name,
@@ -128,7 +127,7 @@ def eval_and_method_programs(run: Run) -> list[Program]:
         Program(
             f"eval after task {last + 1}",
             "eval",
-            evaluation.eval_fn_of(run, last),
+            trainer.eval_fn_of(run, last),
             (state.trainable, state.method_state, run.frozen, eval_batch),
             (REPLICATED, REPLICATED, REPLICATED, BATCH),
             (),

@@ -1,5 +1,5 @@
 """The run of a config without its data or weights: the task split from the dataset's sizes and
-the parameters as shapes, built by the run's own code (`continual/setup.py`, `state.py`).
+the parameters as shapes, built by the run's own code (`continual/setup.py`).
 
 Dataset sizes (`SIZES`: train / test examples and classes of the splits that
 `data/tfds_sources.py` makes) stand in for the data; the classes are taken as equally frequent

@@ -1,5 +1,6 @@
-"""Run records shared by every trainer: metrics.jsonl (one JSON object per line) and atomic
-JSON results files.
+"""Run records shared by every trainer: metrics.jsonl (one JSON object per line), atomic JSON
+results files, and the bookkeeping of a run's seeds (their folders, their configs, their
+summary as mean +- std, the run's name on its plots).
 
 `metrics.jsonl` holds one JSON object per line, each with a `type` field (the writer enforces
 only `type`; each trainer documents its records). A killed run's partial last line is dropped
@@ -13,14 +14,17 @@ import math
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from aepg_jax import losses
+
 METRICS_FILE = "metrics.jsonl"
 RESULTS_FILE = "results.json"
+SEEDS_RESULTS_FILE = "results_seeds.json"  # the summary of a run of several seeds
 
 
 def to_jsonable(x: Any) -> Any:
@@ -195,3 +199,81 @@ def write_results(
         Path(tmp).unlink(missing_ok=True)
         raise
     return workdir / filename
+
+
+def seed_dirs(workdir: str, seeds: Sequence[int]) -> list[str]:
+    """Where each seed's records go: `workdir` for one seed, `workdir/seed_<s>` for several."""
+    if len(seeds) == 1:
+        return [workdir]
+    return [os.path.join(workdir, f"seed_{s}") for s in seeds]
+
+
+def open_writers(cfg: Any, directories: Sequence[str], enabled: bool) -> list[MetricsWriter]:
+    """One `MetricsWriter` per seed folder (TensorBoard events with `cfg.tensorboard`), each
+    with the config as text in its event file."""
+    writers = [MetricsWriter(d, enabled=enabled, tensorboard=cfg.tensorboard) for d in directories]
+    for writer in writers:
+        writer.text("config", cfg)
+    return writers
+
+
+def seed_config(cfg: Any, seed: int) -> dict[str, Any]:
+    """The config of one seed of a multi-seed run, as a single run of that seed has it."""
+    d = to_jsonable(cfg.to_dict())
+    d["seed"], d["num_seeds"] = int(seed), 1
+    return d
+
+
+def is_number(x: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def mean_std(values: Sequence[Any]) -> dict[str, Any]:
+    """`{mean, std, values}` over seeds: mean and sample std (ddof=1; None for one value) of
+    the finite values; `values` as floats, None where not a finite number."""
+    finite = [float(v) for v in values if is_number(v)]
+    return {
+        "mean": float(np.mean(finite)) if finite else None,
+        "std": float(np.std(finite, ddof=1)) if len(finite) > 1 else None,
+        "values": [float(v) if is_number(v) else None for v in values],
+    }
+
+
+def seeds_summary(
+    per_seed: Sequence[Mapping[str, Any]],
+    config: Mapping[str, Any],
+    wall_time_s: float,
+    metrics: Mapping[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
+    """results_seeds.json of a multi-seed run: `config`, `seeds`, `metrics` (the trainer's
+    `mean_std`s), the trainer's `extra` keys, `wall_time_s` (of the whole vmapped run) and
+    `per_seed` (each seed's results.json dict)."""
+    return {
+        "config": to_jsonable(config),
+        "seeds": [int(r["seed"]) for r in per_seed],
+        "metrics": dict(metrics),
+        **extra,
+        "wall_time_s": float(wall_time_s),
+        "per_seed": [dict(r) for r in per_seed],
+    }
+
+
+def run_name(results: Mapping[str, Any]) -> str:
+    """A results dict in a few words, to title its plots: `[dataset: ]loss[, alpha = a]
+    [ / method], seed s`."""
+    config = results.get("config") or {}
+    loss = config.get("loss") or {}
+    name = loss.get("name", "?")
+    if name in losses.LOSSES and losses.fixed_alpha(name) is not None and "alpha" in loss:
+        name = f"{name}, alpha = {loss['alpha']:g}"
+    method = (config.get("method") or {}).get("name")
+    dataset = results.get("dataset")
+    seed = results.get("seed", config.get("seed", "?"))
+    return (
+        (f"{dataset}: " if dataset else "")
+        + name
+        + (f" / {method}" if method else "")
+        + f", seed {seed}"
+    )

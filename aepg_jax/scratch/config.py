@@ -1,6 +1,6 @@
-"""The config of a train-from-scratch run (paper Table 4, SPEC §9): fields, defaults, checks.
+"""The config of a train-from-scratch run (paper Table 4, docs/algorithm.md §9): fields, defaults, checks.
 
-Fields (defaults in brackets; SPEC §9 and SPEC_BASELINES §6 Decisions):
+Fields (defaults in brackets; docs/algorithm.md §9, §16):
 
   trainer [scratch]            selects this trainer in `aepg_jax.main`
   seed [0] / num_seeds [1]     S > 1: seeds seed..seed+S-1 as one vmapped program; per seed
@@ -41,6 +41,7 @@ from ml_collections import config_dict
 
 from aepg_jax import losses, schedules
 from aepg_jax.config import schema, validation
+from aepg_jax.config.validation import check
 from aepg_jax.models import resnet
 
 SOURCES = ("tfds", "fashion_mnist", "digits")
@@ -91,43 +92,38 @@ def base_config(preset: str = "resnet50") -> ml_collections.ConfigDict:
     return c
 
 
-def _check(ok: bool, message: str, problems: list[str]) -> None:
-    if not ok:
-        problems.append(message)
-
-
 def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     """Raises ValueError listing every impossible value, each naming its field and a fix."""
     p: list[str] = []
     d, m, o = cfg.data, cfg.model, cfg.optim
-    _check(cfg.trainer == "scratch", f"trainer={cfg.trainer!r}: this config is 'scratch'.", p)
-    _check(cfg.num_seeds >= 1, f"num_seeds={cfg.num_seeds} must be >= 1.", p)
+    check(cfg.trainer == "scratch", f"trainer={cfg.trainer!r}: this config is 'scratch'.", p)
+    check(cfg.num_seeds >= 1, f"num_seeds={cfg.num_seeds} must be >= 1.", p)
     validation.float_problems(cfg, p)
-    _check(d.source in SOURCES, f"data.source={d.source!r}: use one of {SOURCES}.", p)
-    _check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=cifar10|...", p)
-    _check(d.image_size >= 1, f"data.image_size={d.image_size} must be >= 1.", p)
-    _check(d.pad >= 0, f"data.pad={d.pad} must be >= 0 (0: no random crop).", p)
-    _check(0.0 <= d.flip_prob <= 1.0, f"data.flip_prob={d.flip_prob} must be in [0, 1].", p)
+    check(d.source in SOURCES, f"data.source={d.source!r}: use one of {SOURCES}.", p)
+    check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=cifar10|...", p)
+    check(d.image_size >= 1, f"data.image_size={d.image_size} must be >= 1.", p)
+    check(d.pad >= 0, f"data.pad={d.pad} must be >= 0 (0: no random crop).", p)
+    check(0.0 <= d.flip_prob <= 1.0, f"data.flip_prob={d.flip_prob} must be in [0, 1].", p)
     for name in ("mean", "std"):
         v = d[name]
-        _check(
+        check(
             v is None or len(v) == 3,
             f"data.{name}={v} must be unset (computed from the data) or 3 per-channel values.",
             p,
         )
-    _check(d.std is None or all(s > 0 for s in d.std), f"data.std={d.std} must be > 0.", p)
-    _check(
+    check(d.std is None or all(s > 0 for s in d.std), f"data.std={d.std} must be > 0.", p)
+    check(
         d.max_train_examples is None or d.max_train_examples >= 1,
         "data.max_train_examples must be unset or >= 1.",
         p,
     )
-    _check(m.block in resnet.BLOCKS, f"model.block={m.block!r}: use one of {resnet.BLOCKS}.", p)
-    _check(
+    check(m.block in resnet.BLOCKS, f"model.block={m.block!r}: use one of {resnet.BLOCKS}.", p)
+    check(
         len(m.stage_sizes) >= 1 and all(n >= 1 for n in m.stage_sizes),
         f"model.stage_sizes={tuple(m.stage_sizes)} must be one or more block counts >= 1.",
         p,
     )
-    _check(m.width >= 1, f"model.width={m.width} must be >= 1.", p)
+    check(m.width >= 1, f"model.width={m.width} must be >= 1.", p)
     try:
         losses.get_loss(cfg.loss.name, **schema.loss_kwargs(cfg))
     except ValueError as err:
@@ -136,13 +132,13 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         schedules.get_schedule(cfg.schedule.name, 1, **schema.schedule_kwargs(cfg))
     except (ValueError, TypeError) as err:
         p.append(f"schedule: {err}")
-    _check(o.learning_rate > 0, f"optim.learning_rate={o.learning_rate} must be > 0.", p)
-    _check(0.0 <= o.momentum < 1.0, f"optim.momentum={o.momentum} must be in [0, 1).", p)
-    _check(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0.", p)
-    _check(0 < o.lr_decay <= 1, f"optim.lr_decay={o.lr_decay} must be in (0, 1].", p)
-    _check(o.epochs >= 1, f"optim.epochs={o.epochs} must be >= 1.", p)
+    check(o.learning_rate > 0, f"optim.learning_rate={o.learning_rate} must be > 0.", p)
+    check(0.0 <= o.momentum < 1.0, f"optim.momentum={o.momentum} must be in [0, 1).", p)
+    check(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0.", p)
+    check(0 < o.lr_decay <= 1, f"optim.lr_decay={o.lr_decay} must be in (0, 1].", p)
+    check(o.epochs >= 1, f"optim.epochs={o.epochs} must be >= 1.", p)
     ms = tuple(o.milestones)
-    _check(
+    check(
         all(isinstance(e, int) and e >= 1 for e in ms) and list(ms) == sorted(set(ms)),
         f"optim.milestones={ms} must be increasing epochs >= 1, e.g. (150, 225).",
         p,
@@ -151,18 +147,18 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         ("optim.batch_size", o.batch_size),
         ("eval.batch_size", cfg.eval.batch_size),
     ):
-        _check(
+        check(
             batch > 0 and batch % num_devices == 0,
             f"{name}={batch} must be a positive multiple of the {num_devices} device(s).",
             p,
         )
-    _check(cfg.log_every_steps >= 1, f"log_every_steps={cfg.log_every_steps} must be >= 1.", p)
-    _check(
+    check(cfg.log_every_steps >= 1, f"log_every_steps={cfg.log_every_steps} must be >= 1.", p)
+    check(
         cfg.checkpoint_every_epochs >= 1,
         f"checkpoint_every_epochs={cfg.checkpoint_every_epochs} must be >= 1.",
         p,
     )
-    _check(
+    check(
         cfg.max_steps_per_epoch is None or cfg.max_steps_per_epoch >= 1,
         "max_steps_per_epoch must be unset or >= 1.",
         p,

@@ -11,7 +11,6 @@ test ones are on the whole test split in eval mode.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,12 +21,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from aepg_jax import losses
+from aepg_jax.runs import records
 
 CURVES = ("train_loss", "train_acc", "train_entropy", "test_acc", "test_entropy")
 SUMMARY = ("final_test_acc", "best_test_acc", "final_test_entropy", "final_train_acc")
 PLOT_FILE = "curves.png"
-SEEDS_RESULTS_FILE = "results_seeds.json"
 
 
 def build_results(
@@ -55,28 +53,18 @@ def build_results(
     }
 
 
-def _mean_std(values: Sequence[float | None]) -> dict[str, Any]:
-    v = [float(x) for x in values if x is not None and math.isfinite(x)]
-    return {
-        "mean": float(np.mean(v)) if v else None,
-        "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
-        "values": list(values),
-    }
-
-
 def seeds_summary(
     per_seed: Sequence[Mapping[str, Any]], config: Mapping[str, Any], wall_time_s: float
 ) -> dict[str, Any]:
-    """results_seeds.json: `SUMMARY` metrics as {mean, std (ddof=1), values} over seeds, the
-    per-epoch mean curves, and every seed's results."""
-    return {
-        "config": dict(config),
-        "seeds": [r["seed"] for r in per_seed],
-        "metrics": {k: _mean_std([r[k] for r in per_seed]) for k in SUMMARY},
-        "mean_curves": {k: np.mean([r[k] for r in per_seed], axis=0).tolist() for k in CURVES},
-        "wall_time_s": float(wall_time_s),
-        "per_seed": [dict(r) for r in per_seed],
-    }
+    """results_seeds.json (`records.seeds_summary`): `SUMMARY` metrics as {mean, std (ddof=1),
+    values} over seeds, the per-epoch mean curves (`mean_curves`), and every seed's results."""
+    return records.seeds_summary(
+        per_seed,
+        config,
+        wall_time_s,
+        {k: records.mean_std([r[k] for r in per_seed]) for k in SUMMARY},
+        mean_curves={k: np.mean([r[k] for r in per_seed], axis=0).tolist() for k in CURVES},
+    )
 
 
 def summary_line(results: Mapping[str, Any]) -> str:
@@ -87,16 +75,6 @@ def summary_line(results: Mapping[str, Any]) -> str:
         f"{results['final_test_entropy']:.3f}, train acc {results['final_train_acc']:.2f}%, "
         f"{results['wall_time_s']:.0f} s"
     )
-
-
-def run_name(results: Mapping[str, Any]) -> str:
-    """The run in a few words for its plot: dataset, loss (with mix's alpha), seed."""
-    config = results.get("config") or {}
-    loss = config.get("loss") or {}
-    name = loss.get("name", "?")
-    if name in losses.LOSSES and losses.fixed_alpha(name) is not None and "alpha" in loss:
-        name = f"{name}, alpha = {loss['alpha']:g}"
-    return f"{results.get('dataset', '?')}: {name}, seed {results.get('seed', '?')}"
 
 
 def plot_curves(results: Mapping[str, Any], path: str | os.PathLike) -> None:
@@ -113,7 +91,7 @@ def plot_curves(results: Mapping[str, Any], path: str | os.PathLike) -> None:
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(run_name(results), fontsize=10)
+    fig.suptitle(records.run_name(results), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

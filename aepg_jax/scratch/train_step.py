@@ -1,4 +1,4 @@
-"""Pure train and eval steps of a from-scratch ResNet (SPEC §9).
+"""Pure train and eval steps of a from-scratch ResNet (docs/algorithm.md §9).
 
 A train step on a uint8 batch `(image, label)` of global size B:
 

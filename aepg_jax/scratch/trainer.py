@@ -1,4 +1,4 @@
-"""Supervised training from random initialisation (paper Table 4, Fig. 4; SPEC §9).
+"""Supervised training from random initialisation (paper Table 4, Fig. 4; docs/algorithm.md §9).
 
 `run(cfg, workdir)`: ResNet + SGD with momentum + step lr decay, the loss from the registry
 (`mix` with `loss.alpha`, or any other; `aepg`'s alpha_t anneals over the whole run). Every
@@ -54,12 +54,6 @@ def steps_per_epoch(num_examples: int, cfg: ml_collections.ConfigDict) -> int:
     return min(steps, cfg.max_steps_per_epoch or steps)
 
 
-def _seed_config(cfg: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
-    d = records.to_jsonable(cfg.to_dict())
-    d["seed"], d["num_seeds"] = int(seed), 1
-    return d
-
-
 class _Run:
     """State and bookkeeping of one `run` call (the jitted functions stay pure)."""
 
@@ -103,15 +97,8 @@ class _Run:
         evaluate = ts.make_eval_step(self.model.apply, self.data.mean, self.data.std)
         self.eval_step = jax.jit(self.axis.lift(evaluate, (0, 0, None)))
         self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-        self.seed_dirs = (
-            [os.path.join(workdir, f"seed_{s}") for s in self.seeds] if self.vmapped else [workdir]
-        )
-        self.writers = [
-            records.MetricsWriter(d, self.is_main, tensorboard=cfg.get("tensorboard", True))
-            for d in self.seed_dirs
-        ]
-        for writer in self.writers:
-            writer.text("config", cfg)
+        self.seed_dirs = records.seed_dirs(workdir, self.seeds)
+        self.writers = records.open_writers(cfg, self.seed_dirs, enabled=self.is_main)
         self.history: list[list[dict[str, float]]] = [[] for _ in self.seeds]
         self.elapsed_before = 0.0
 
@@ -317,7 +304,7 @@ class _Run:
             "environment": environment.describe(),  # single seeds differ between machines
         }
         per_seed = [
-            scratch_results.build_results(h, _seed_config(self.cfg, s), s, extra, wall)
+            scratch_results.build_results(h, records.seed_config(self.cfg, s), s, extra, wall)
             for h, s in zip(self.history, self.seeds, strict=True)
         ]
         if self.is_main:
@@ -332,7 +319,7 @@ class _Run:
         config = records.to_jsonable(self.cfg.to_dict())
         summary = scratch_results.seeds_summary(per_seed, config, wall)
         if self.is_main:
-            records.write_results(self.workdir, summary, scratch_results.SEEDS_RESULTS_FILE)
+            records.write_results(self.workdir, summary, records.SEEDS_RESULTS_FILE)
         return summary
 
     def close(self) -> None:

@@ -1,4 +1,6 @@
-"""The jitted train step of one task (SPEC §4, §6), generic over the continual method.
+"""The pure programs of a continual run: the train step, the evaluation step and the optimizer
+(docs/algorithm.md §4, §6), generic over the continual method. Nothing here is jitted: the
+trainer (`trainer.py`) lifts them over the seed axis and jits each once per run.
 
 State is explicit: `TrainState` (trainable PEFT + heads, optimizer state, the method's state,
 the task step, the RNG, the first non-finite step) goes in and out of the step; the frozen
@@ -190,3 +192,65 @@ def make_train_step(
         return new_state, metrics
 
     return step
+
+
+def make_eval_step(
+    method: Method, net: Network, cfg: StepConfig
+) -> Callable[..., dict[str, jax.Array]]:
+    """`eval(trainable, method_state, frozen, batch, task) -> sums` over the valid rows of a
+    batch after task `task` (a traced `TaskSpec`: one program for every task): correct counts
+    per predictor over the seen classes, the number of valid rows and the summed entropy of
+    the softmax over the seen classes (of the logits `method.predict` names)."""
+
+    def eval_step(
+        trainable: Params, method_state: Params, frozen: Params, batch: dict, task
+    ) -> dict[str, jax.Array]:
+        images = augment.test_transform(batch["image"], cfg.image_size, cfg.normalize)
+        mask, labels = batch["mask"], batch["label"]
+        probs, logits = method.predict(net, trainable, frozen, method_state, images, task)
+        out = {
+            "count": jnp.sum(mask),
+            "entropy_sum": jnp.sum(jnp.where(mask, losses.entropy(logits), 0.0)),
+        }
+        for name, p in probs.items():
+            out[name] = jnp.sum((jnp.argmax(p, -1) == labels) & mask)
+        return out
+
+    return eval_step
+
+
+def learning_rate(cfg, steps_per_epoch: int) -> float | optax.Schedule:
+    """`optim.learning_rate`, constant or decayed per epoch as CODA-P's and InfLoRA's code.
+
+    With `lr(k) = lr * cos(99 pi k / (200 (E - 1)))`, epoch `e = count // steps_per_epoch` of
+    E trains at `lr(max(e - 1, 0))`: the reference's `CosineSchedule` sets lr(0) in its
+    constructor, then resets its epoch counter to -1, so its first `step()` (at the start of
+    epoch 1 in CODA-Prompt, at the end of epoch 0 in InfLoRA) sets lr(0) again. Epochs 0 and
+    1 both train at lr; the last trains at lr(E - 2) (4.7e-5 for lr 1e-3, E = 50)."""
+    o = cfg.optim
+    if o.lr_schedule == "constant":
+        return o.learning_rate  # a float keeps Adam's state free of a schedule count
+    span = 200.0 * max(o.epochs - 1, 1)
+
+    def schedule(count: jax.Array) -> jax.Array:
+        epoch = jnp.minimum(count // steps_per_epoch, o.epochs - 1)
+        k = jnp.maximum(epoch - 1, 0)  # the reference's one-epoch lag (docstring)
+        return o.learning_rate * jnp.cos(99.0 * jnp.pi * k / span)
+
+    return schedule
+
+
+def optimizer(
+    cfg, trainable: Params, steps_per_epoch: int = 1
+) -> optax.GradientTransformationExtraArgs:
+    """Adam (`optim.*`) on the PEFT and head leaves; PEFT updates gated by the phase flag.
+
+    With `optim.clip_norm > 0` the gradient's global norm over every trainable leaf is clipped
+    first (torch's `clip_grad_norm_` over the parameters that train; in a head-only phase the
+    PEFT gradients, which are then discarded, still count in the norm)."""
+    o = cfg.optim
+    adam = optax.adam(learning_rate(cfg, steps_per_epoch), o.b1, o.b2, o.eps)
+    tx = partition.make_optimizer(partition.label_params(trainable), adam)
+    if o.clip_norm > 0:
+        tx = optax.chain(optax.clip_by_global_norm(o.clip_norm), tx)
+    return tx
