@@ -97,7 +97,7 @@ def test_the_link_checker_sees_links_and_anchors():
     """The helpers find what they must (so that the tests above cannot pass vacuously)."""
     sample = "[a](docs/x.md#two-words) `[b](no.md)`\n```\n[c](no.md)\n```\n[d](https://x.org)"
     assert LINK.findall(prose(sample)) == ["docs/x.md#two-words", "https://x.org"]
-    assert slug("Two `words`") == "two-words" and slug("Losses (SPEC §1)") == "losses-spec-1"
+    assert slug("Two `words`") == "two-words" and slug("5. PEFT modules (§5)") == "5-peft-modules-5"
     assert relative_links(ROOT / "README.md")
 
 
