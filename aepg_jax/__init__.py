@@ -1,15 +1,15 @@
 """aepg_jax: continual fine-tuning with adaptive entropy annealing (aEPG) in JAX/Flax.
 
-The package's layout is docs/architecture.md. Config and experiment files written for the
-flat layout before it (`from aepg_jax import config_lib, config_args`) keep working: the old
-module names resolve to the modules that now hold them.
+The package's layout is docs/architecture.md. The flat module names
+(`from aepg_jax import config_lib, config_args`) resolve to the modules that hold them (`MOVED`),
+so config and experiment files that import them load.
 """
 
 import importlib
 
 __version__ = "0.1.0"
 
-# old flat module name -> where it lives now
+# flat module name -> the module that holds it
 MOVED = {
     "config_lib": "aepg_jax.config.schema",
     "config_args": "aepg_jax.config.arguments",

@@ -16,7 +16,7 @@ The paper's methods reduce to:
 so per example `grad CE = grad EPG / p_y` (Eq. 8): same direction, EPG weights each example by
 its confidence `p_y`.
 
-`get_loss(name, **hyper)` maps the config names of SPEC §1 to these functions.
+`get_loss(name, **hyper)` maps the config names of docs/algorithm.md §1 to these functions.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def mix(logits: Array, labels: Array, alpha: float = 0.5) -> Array:
 
 
 # ----------------------------------------------------------------------------------------------
-# Registry: config name -> loss function with validated hyperparameters (SPEC §1).
+# Registry: config name -> loss function with validated hyperparameters (docs/algorithm.md §1).
 
 
 def _in_unit_interval(x: float) -> bool:
@@ -250,7 +250,7 @@ def _entry(name: str) -> _LossEntry:
 def get_loss(name: str, **hyper: Any) -> LossFn:
     """Returns the per-example loss `name` with its hyperparameters bound.
 
-    Unset hyperparameters take SPEC §1's defaults. The result is called as
+    Unset hyperparameters take the defaults of docs/algorithm.md §1. The result is called as
     `loss(logits, labels)`, or `loss(logits, labels, alpha=alpha_t)` when `is_annealed(name)`.
     Raises ValueError naming the valid choices for an unknown name, an unknown hyperparameter
     or a value out of range.

@@ -1,8 +1,8 @@
 """Annealing schedules for the CE/EPG mixing weight `alpha_t`, as `optax.Schedule`s.
 
 A schedule maps the 0-based optimizer step `t` within a task to `alpha_t` in [0, 1]; `T` is the
-task's total number of optimizer steps (SPEC §2). Steps outside `[0, T]` are clipped, so
-`alpha` holds its end value after the task. All schedules are jit-safe (traced `t`).
+task's total number of optimizer steps (docs/algorithm.md §2). Steps outside `[0, T]` are
+clipped, so `alpha` holds its end value after the task. All schedules are jit-safe (traced `t`).
 
   sigmoid   alpha_t = sigmoid(tau (T - 2t) / T)      (the paper's aEPG schedule, tau = 6)
   linear    alpha_t = (T - t) / T

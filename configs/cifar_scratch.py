@@ -7,10 +7,11 @@ Arguments (`configs/cifar_scratch.py:key=value,...`, defaults in brackets):
   seed [0]            the run's seed (the paper averages 3 seeds)
   model [resnet50]    resnet50 | resnet18 | resnet_small
 
-SPEC §9: SGD momentum 0.9, batch 256, 350 epochs, lr 0.1 x0.1 after epochs 150 and 225 (the
-paper's text; its table says 100, 225: `--config.optim.milestones='(100,225)'`), no weight
-decay, RandomCrop(32, padding 4) + flip, per-channel mean/std of the training split. The last
-partial batch of each epoch is dropped (195 steps of 256 per epoch).
+docs/algorithm.md §9, §16: SGD momentum 0.9, batch 256, 350 epochs, lr 0.1 x0.1 after epochs
+150 and 225 (the paper's text; its table says 100, 225:
+`--config.optim.milestones='(100,225)'`), no weight decay, RandomCrop(32, padding 4) + flip,
+per-channel mean/std of the training split. The last partial batch of each epoch is dropped
+(195 steps of 256 per epoch).
 
 Data: TFDS `cifar10` / `cifar100`, prepared once, offline, from the downloaded python tarball
 (https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz): `python -m aepg_jax.prepare

@@ -1,5 +1,6 @@
 """Tests for configs/*.py and aepg_jax.config.arguments: every advertised run builds and validates,
-the paper settings match SPEC §6-§8, user inputs are required, parse_arg types and errors."""
+the paper settings match docs/algorithm.md §6-§8, user inputs are required, parse_arg types and
+errors."""
 
 from __future__ import annotations
 

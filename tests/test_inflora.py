@@ -1,4 +1,4 @@
-"""InfLoRA (SPEC_BASELINES §5, §7 items 1, 8, 9): the DualGPM memory, the down-projections, the
+"""InfLoRA (docs/algorithm.md §15): the DualGPM memory, the down-projections, the
 frozen A and earlier B, the ViT-B/16 parameter count, end-to-end runs, resume and seeds."""
 
 import json

@@ -26,7 +26,7 @@ def _call(name, logits, labels, alpha=0.3, **hyper):
 
 
 def _reference(name, logits, labels, alpha=0.3):
-    """Direct NumPy float64 formulas of SPEC §1, independent of the implementation."""
+    """Direct NumPy float64 formulas of docs/algorithm.md §1, independent of the implementation."""
     z = np.asarray(logits, np.float64)
     z = z - z.max(-1, keepdims=True)
     p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)

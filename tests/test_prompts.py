@@ -1,4 +1,4 @@
-"""The prompt baselines (SPEC_BASELINES §0-§4, §7): external prefixes in the ViT, the query
+"""The prompt baselines (docs/algorithm.md §10-§14): external prefixes in the ViT, the query
 pass, L2P++ / DualPrompt / CODA-P selection, Gram-Schmidt, parameter counts and end-to-end runs.
 
 Everything runs on a tiny ViT (width 32, 2 or 4 blocks, 16 px); ViT-B/16 counts use

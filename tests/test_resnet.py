@@ -1,5 +1,5 @@
-"""Tests of the CIFAR ResNet (models/resnet.py), its augmentation and its SGD step (SPEC §9,
-SPEC_BASELINES §6-§7 item 10): parameter counts, BatchNorm state, torch inits, lr milestones."""
+"""Tests of the CIFAR ResNet (models/resnet.py), its augmentation and its SGD step
+(docs/algorithm.md §9, §16): parameter counts, BatchNorm state, torch inits, lr milestones."""
 
 import functools
 

@@ -135,7 +135,7 @@ SETTINGS = ("reference", "common")
 
 
 def paper_config(args: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """ViT-B/16 augreg with the paper's training settings (its Table 5, SPEC §6-§7) and `args`.
+    """ViT-B/16 augreg, the paper's training settings (Table 5, docs/algorithm.md §6-§7), `args`.
 
     `args` is `parse_arg(arg, **PAPER_ARGS)` (plus the config's own keys). The caller sets the
     data fields (`data.source`, `data.name`, `data.num_tasks`, `data.data_dir`). With

@@ -1,4 +1,6 @@
-"""The run configuration: every field, its default (SPEC §1-§7) and its validation.
+"""The run configuration: every field, its default and its validation.
+
+The defaults and where each comes from: docs/algorithm.md §1-§7 and §10-§15.
 
 Config files in `configs/` start from `base_config()` and override fields; the driver locks
 the result, applies `--config.a.b=value` overrides and calls `validate` before anything runs.
@@ -106,7 +108,7 @@ from aepg_jax.models import vit
 
 
 def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
-    """All fields with their SPEC defaults (see the module docstring)."""
+    """All fields with their defaults (see the module docstring)."""
     c = ml_collections.ConfigDict()
     c.trainer = "continual"
     c.seed = 0

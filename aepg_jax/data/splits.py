@@ -1,4 +1,4 @@
-"""Class-incremental task splits (SPEC §4).
+"""Class-incremental task splits (docs/algorithm.md §4).
 
 Classes are ordered (identity, or a permutation drawn from `class_order_seed`), relabelled by
 their position in that order, and cut into `num_tasks` consecutive groups with

@@ -1,4 +1,4 @@
-"""TFDS datasets read without TensorFlow (SPEC §8).
+"""TFDS datasets read without TensorFlow (docs/algorithm.md §8).
 
 Supported datasets (`TFDS_DATASETS`) and the TFDS splits that become our train / test:
 

@@ -1,4 +1,4 @@
-"""CODA-Prompt (SPEC_BASELINES §3; GT-RIPL/CODA-Prompt models/zoo.py CodaPrompt).
+"""CODA-Prompt (docs/algorithm.md §13; GT-RIPL/CODA-Prompt models/zoo.py CodaPrompt).
 
 Per prompted block l (`method.coda_blocks`, default 0-4): components P_l (M, L, D), keys K_l
 (M, D) and attention vectors A_l (M, D), M = `coda_pool_size` (100), L = `coda_length` (8: the

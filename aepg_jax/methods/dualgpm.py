@@ -1,6 +1,6 @@
 """InfLoRA's subspace memory (DualGPM) and its down-projections, on the host in float64 numpy.
 
-Per block the memory is an orthonormal basis F (D, k) and a mode (SPEC_BASELINES §5, InfLoRA's
+Per block the memory is an orthonormal basis F (D, k) and a mode (docs/algorithm.md §15, InfLoRA's
 `methods/inflora.py` `update_DualGPM`; `update_GPM` for `gpm`):
   - 'remove': F spans the input subspace of earlier tasks; a new task's A avoids it;
   - 'retain': F spans its orthogonal complement; a new task's A stays inside it.

@@ -1,4 +1,4 @@
-"""DualPrompt (SPEC_BASELINES §2), as JH-LEE-KR/dualprompt-pytorch runs it (the code the paper
+"""DualPrompt (docs/algorithm.md §12), as JH-LEE-KR/dualprompt-pytorch runs it (the code the paper
 cites; identical settings in google-research/l2p configs/imr_dualprompt.py).
 
 - G-prompt on blocks `dualprompt_g_blocks` (0, 1): G_l (2, L_g, D), L_g = `dualprompt_g_length`
@@ -7,8 +7,8 @@ cites; identical settings in google-research/l2p configs/imr_dualprompt.py).
   slots, E_l (2, M, L_e, D), L_e = `dualprompt_e_length` (20) key and L_e value tokens per slot,
   and one key per slot K (M, D) shared by the blocks. All ~ U(-1, 1).
 - Training task t uses slot t (task identity); evaluation after task t uses slot
-  `argmax_{j <= t} cos(q, K_j)` per sample, among the seen tasks' keys only (SPEC_BASELINES
-  Decisions; the reference also scores the untrained future keys).
+  `argmax_{j <= t} cos(q, K_j)` per sample, among the seen tasks' keys only (a decision,
+  docs/algorithm.md §12; the reference also scores the untrained future keys).
 - Before task t >= 1, slot t's prompts become a copy of slot t-1's (`shared_prompt_pool`; the
   keys are not copied).
 - Loss term (pull): `-w sum_b cos(q_b, K_t) / B`, w = `dualprompt_pull_weight` (1).
@@ -16,10 +16,10 @@ A block in both lists gets the e-prompt's tokens then the g-prompt's.
 
 Departure from dualprompt-pytorch (measured against its `prompt.py`, kept deliberately): its
 E-prompt gathers slots as (layers, 2, B, ...) and reshapes that to (layers, B, 2, ...) without a
-permute (its issue 8), so samples 0..B/2-1 of a batch get key tokens as both their keys and
-values and samples B/2..B-1 value tokens as both (each pair taken from two neighbouring
-samples' slots). Here each sample's keys are its slot's key half and its values the value half,
-as google-research/l2p's JAX code and the DualPrompt paper have it.
+permute (reported in its issue tracker), so samples 0..B/2-1 of a batch get key tokens as both
+their keys and values and samples B/2..B-1 value tokens as both (each pair taken from two
+neighbouring samples' slots). Here each sample's keys are its slot's key half and its values
+the value half, as google-research/l2p's JAX code and the DualPrompt paper have it.
 """
 
 from __future__ import annotations

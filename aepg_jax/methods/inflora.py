@@ -1,4 +1,4 @@
-"""InfLoRA (SPEC_BASELINES §5): per task a LoRA pair on K and V whose A is fixed before the task.
+"""InfLoRA (docs/algorithm.md §15): per task a LoRA pair on K and V, A fixed before the task.
 
 In each block b of `method.inflora_blocks` (cut at the depth), with x the block's attention
 input (the LN_0 output) and tasks 0..t seen so far:
@@ -55,7 +55,7 @@ from aepg_jax.methods.base import (
 )
 from aepg_jax.models import partition, vit
 
-# InfLoRA's code (configs/mimg10_inflora*.json, SPEC_BASELINES §5): Adam 5e-4, batch 128, 50
+# InfLoRA's code (configs/mimg10_inflora*.json, docs/algorithm.md §15): Adam 5e-4, batch 128, 50
 # epochs with the per-epoch cosine decay, no clipping; B_t trains with the head from the start.
 INFLORA_SETTINGS: dict[str, Any] = {
     "optim.learning_rate": 5e-4,

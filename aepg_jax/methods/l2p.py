@@ -1,4 +1,4 @@
-"""L2P++ (SPEC_BASELINES §1): L2P as CODA-Prompt's code runs it (`--prompt_param 30 20 -1`,
+"""L2P++ (docs/algorithm.md §11): L2P as CODA-Prompt's code runs it (`--prompt_param 30 20 -1`,
 GT-RIPL/CODA-Prompt models/zoo.py L2P), which is what the paper's Table 1 reports.
 
 Per prompted block l (`method.l2p_blocks`, default block 0): a pool of M = `l2p_pool_size` (30)
@@ -10,7 +10,7 @@ prompts P_l (M, L, D) with keys K_l (M, D), L = `l2p_length` (20), all ~ U(0, 1)
                (k L/2 key and k L/2 value tokens in all: 50 + 50 by default)
 
 Loss term (matching): w * sum_l sum_b sum_{j in idx_b} (1 - s[b, j]) / B, w = `l2p_match_weight`
-(1). This is the intended per-sample form (SPEC_BASELINES Decisions); CODA's code indexes
+(1). This is the intended per-sample form (a decision, docs/algorithm.md §11); CODA's code indexes
 `cos_sim[:, k_idx]`, a (B, B, k) tensor that sums 1 - cos over every sample's pairing with
 every other sample's selected keys. q carries no gradient, so the term trains the keys only.
 """

@@ -1,4 +1,4 @@
-"""LAE (SPEC §7): an online PEFT (trained) and an offline PEFT (its EMA), one shared head.
+"""LAE (docs/algorithm.md §7): an online PEFT (trained), an offline PEFT (its EMA), one head.
 
 - The offline PEFT is a copy of the online one made at the end of task 0.
 - For tasks t >= 1 it follows every optimizer step, head-only steps included, scalars too:

@@ -1,4 +1,4 @@
-"""LwF (SPEC §1, §7): distillation from a frozen copy of the model taken before each task.
+"""LwF (docs/algorithm.md §1, §7): distillation from a frozen copy taken before each task.
 
 For tasks t >= 1 the loss gains `w * mean_b T^2 KL(softmax(z_old/T) || softmax(z_new/T))` over
 the old classes' logits, `z_old` from the copy (heads of tasks 0..t-1) on the current batch;

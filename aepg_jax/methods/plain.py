@@ -1,5 +1,5 @@
-"""Plain fine-tuning (SPEC §7): one set of PEFT modules and the growing head, trained with the
-configured loss; nothing else. All of its behaviour is `Method`'s default."""
+"""Plain fine-tuning (docs/algorithm.md §7): one set of PEFT modules and the growing head,
+trained with the configured loss; nothing else. All of its behaviour is `Method`'s default."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared machinery of the prompt baselines L2P++, DualPrompt and CODA-P (SPEC_BASELINES §0).
+"""Shared machinery of the prompt baselines L2P++, DualPrompt and CODA-P (docs/algorithm.md §10).
 
 - Query `q(x)`: the final-norm cls token (B, D) of the frozen backbone run without prompts,
   without the model's PEFT modules and without heads, under `stop_gradient`: one extra forward
@@ -29,8 +29,8 @@ from aepg_jax.models import partition, vit
 PROMPT = "prompt"  # top-level key of the prompt leaves in the trainable tree
 EPS = 1e-12
 
-# L2P++ and CODA-P as run by CODA-Prompt's code (configs/imnet-r_prompt.yaml, SPEC_BASELINES
-# §4): Adam 1e-3, batch 128, 50 epochs, per-epoch cosine decay, no clipping, no head-only epochs.
+# L2P++ and CODA-P as run by CODA-Prompt's code (configs/imnet-r_prompt.yaml, docs/algorithm.md
+# §14): Adam 1e-3, batch 128, 50 epochs, per-epoch cosine decay, no clipping, no head-only epochs.
 CODA_REPO_SETTINGS: dict[str, Any] = {
     "optim.learning_rate": 1e-3,
     "optim.batch_size": 128,

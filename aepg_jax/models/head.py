@@ -1,4 +1,4 @@
-"""Growing classifier (SPEC §3): one `Dense(D, n_t)` per task, logits concatenated in task order.
+"""Growing classifier (docs/algorithm.md §3): one `Dense(D, n_t)` per task, logits in task order.
 
 Kernels ~ N(0, 0.001^2), biases 0. `grow(params, rng, n)` adds task `len(heads)`'s head to an
 existing parameter tree without touching the earlier heads or anything else.

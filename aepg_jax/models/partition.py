@@ -5,8 +5,8 @@ labelled by the first rule whose regex `re.search`es it; an unmatched name is an
 names it. The optimizer is `optax.partition` (formerly `multi_transform`) over those labels:
 trainable labels get the configured transformation, the others `optax.set_to_zero()` and so
 carry no optimizer state. The `peft` label can be gated per step by a traced flag
-(`opt.update(..., train_peft=False)`, SPEC §6's head-only epochs): its updates are zero and its
-Adam state untouched, with no new optimizer and no recompilation.
+(`opt.update(..., train_peft=False)`, docs/algorithm.md §6's head-only epochs): its updates are
+zero and its Adam state untouched, with no new optimizer and no recompilation.
 
 The train step differentiates only the trainable subtree:
 

@@ -1,4 +1,4 @@
-"""Parameter-efficient fine-tuning modules: LoRA, Adapter, Prefix (SPEC §5, LAE's versions).
+"""PEFT modules: LoRA, Adapter, Prefix (docs/algorithm.md §5, LAE's versions).
 
 Each ViT block listed in `PeftConfig.blocks` gets its own module; their parameters live under
 names containing `/lora/`, `/adapter/` or `/prefix/`, which `partition.py` labels `peft`.

@@ -1,4 +1,4 @@
-"""ResNets for 32x32 images (paper Table 4, SPEC §9, SPEC_BASELINES §6), Flax Linen.
+"""ResNets for 32x32 images (paper Table 4, docs/algorithm.md §9, §16), Flax Linen.
 
 torchvision's ResNet with a CIFAR stem: `conv3x3(64, stride 1) + BN + ReLU`, no max-pool; then
 four stages (widths `w, 2w, 4w, 8w`, stride 2 at the first block of stages 2-4, in the 3x3

@@ -1,6 +1,7 @@
 """Vision Transformer (Linen) with the parameter names of google-research/vision_transformer.
 
-Tree (SPEC §3): `embedding` (patch conv), `cls`, `Transformer/posembed_input/pos_embedding`,
+Tree (docs/algorithm.md §3): `embedding` (patch conv), `cls`,
+`Transformer/posembed_input/pos_embedding`,
 `Transformer/encoderblock_i/{LayerNorm_0, MultiHeadDotProductAttention_0/{query,key,value,out},
 LayerNorm_1, MlpBlock_0/{Dense_0,Dense_1}}`, `Transformer/encoder_norm`, and the growing
 classifier `head/task_j`. PEFT modules add `.../lora`, `.../adapter` or `.../prefix` subtrees
@@ -11,7 +12,7 @@ blocks, LayerNorm eps 1e-6, exact (erf) GELU, no dropout.
     out["features"]   # final-norm cls token (B, D)
     out["tokens"]     # final-norm token sequence (B, 1 + N, D), with return_tokens=True
 
-External prefixes (the prompt baselines, SPEC_BASELINES §0): `model.apply(..., prefixes={l:
+External prefixes (the prompt baselines, docs/algorithm.md §10): `model.apply(..., prefixes={l:
 (P_k, P_v)})` with P_k, P_v (B, L_p, D) appends L_p key and value tokens to the attention of
 block l (split into heads like the keys; queries and sequence length unchanged; plain softmax,
 no compensation). A block without an entry, or with L_p = 0, computes exactly what it would
