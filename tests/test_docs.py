@@ -12,7 +12,13 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-PAGES = [ROOT / "README.md", *DOCS, ROOT / "configs/README.md", ROOT / "BENCHMARKS.md"]
+PAGES = [
+    ROOT / "README.md",
+    *DOCS,
+    ROOT / "configs/README.md",
+    ROOT / "BENCHMARKS.md",
+    ROOT / "benchmarks/README.md",
+]
 README_MAX_LINES = 250
 # The two commands at the top of README.md, as .ci/run and a fresh clone run them.
 COMMANDS = ["bash scripts/run_default.sh", "bash scripts/test.sh"]
@@ -125,3 +131,24 @@ def test_every_package_path_and_module_the_docs_name_exists():
             if not found:
                 missing.append(f"{page.relative_to(ROOT)}: {module}")
     assert not missing, "\n".join(sorted(missing))
+
+
+TOOL_PATH = re.compile(r"(?<![\w/.-])(?:scripts|benchmarks|tests)/[\w-]+\.(?:py|sh|md)\b")
+
+
+def test_every_script_benchmark_and_test_file_named_exists():
+    """`scripts/...`, `benchmarks/...` and `tests/...` files named in the docs, CI, configs, the
+    package, the scripts, the benchmarks and the tests exist, so that nothing points at a tool
+    that moved (`scripts/` holds what a user runs, `benchmarks/` the benchmarks)."""
+    sources = [*PAGES, ROOT / ".ci/run", ROOT / "pyproject.toml", *ROOT.glob("configs/*.py")]
+    sources += [*(ROOT / "aepg_jax").rglob("*.py")]
+    for folder in ("scripts", "benchmarks", "tests"):
+        sources += [p for p in (ROOT / folder).iterdir() if p.suffix in (".py", ".sh", ".md")]
+    missing = [
+        f"{source.relative_to(ROOT)}: {path}"
+        for source in sources
+        for path in sorted(set(TOOL_PATH.findall(source.read_text())))
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, "\n".join(missing)
+    assert len([p for p in (ROOT / "scripts").iterdir() if p.is_file()]) <= 12  # user commands

@@ -14,7 +14,7 @@ shared, so the load average is printed beside). H100 consumption = bf16 peak x t
 FLOPs per image of the train step (`--gflop_per_img`, from BENCHMARKS.md's plan table: lae bf16,
 1 x H100, ViT-B/16 at 224 px).
 
-    nice -n 10 .venv/bin/python scripts/bench_loader.py [--n=24000] [--batch=256]
+    nice -n 10 .venv/bin/python benchmarks/bench_loader.py [--n=24000] [--batch=256]
 """
 
 from __future__ import annotations

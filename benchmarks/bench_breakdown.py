@@ -32,10 +32,10 @@ blocks, never trim; it applies to every row, timm's included); `AEPG_MALLOC=defa
 glibc's defaults instead. `--rss` runs `minimal` and `ours` alone in fresh processes and reports
 their peak RSS.
 
-    python scripts/bench_breakdown.py                          # ViT-B/16, batch 8, all rows
-    python scripts/bench_breakdown.py --rows minimal,ours,timm --timm
-    python scripts/bench_breakdown.py --model vit_tiny --steps 3 --rounds 2   # seconds
-    python scripts/bench_breakdown.py --rss
+    python benchmarks/bench_breakdown.py                          # ViT-B/16, batch 8, all rows
+    python benchmarks/bench_breakdown.py --rows minimal,ours,timm --timm
+    python benchmarks/bench_breakdown.py --model vit_tiny --steps 3 --rounds 2   # seconds
+    python benchmarks/bench_breakdown.py --rss
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 XLA's bytes accessed per image. The alternative is patched in for this measurement only (plain
 attention without prefixes, which is what LoRA runs).
 
-    JAX_PLATFORMS=cpu nice -n 10 python scripts/bench_plan_attention.py --target=gpu:h100
+    JAX_PLATFORMS=cpu nice -n 10 python benchmarks/bench_plan_attention.py --target=gpu:h100
 """
 
 from __future__ import annotations

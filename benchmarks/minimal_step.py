@@ -20,7 +20,7 @@ def minimal_program(
     model: str, batch: int, dtype: str = "float32"
 ) -> tuple[Callable, tuple, tuple[int, ...]]:
     """`(step, args, donate_argnums)` of the minimal step (LoRA as `model.peft` places it) for
-    lowering anywhere (`scripts/bench_plan.py`): `jax.jit(step, donate_argnums).lower(*args)`;
+    lowering anywhere (`benchmarks/bench_plan.py`): `jax.jit(step, donate_argnums).lower(*args)`;
     `dtype` bfloat16 computes in bfloat16 with float32 parameters, as `model.dtype`."""
     grad_fn, trainable, frozen, images, labels = minimal_parts(model, batch, False, dtype)
     step, tx = _adam_step(grad_fn)
