@@ -7,6 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
-.venv/bin/ruff check aepg_jax tests scripts configs
+.venv/bin/ruff check aepg_jax tests scripts benchmarks configs
 # pytest's own exit code is the script's exit code (set -e; exec).
 exec .venv/bin/python -m pytest -m "not slow" -n "${AEPG_TEST_WORKERS:-2}" --dist worksteal "$@"

@@ -117,7 +117,7 @@ def make_cifar(
     directory, name: str = "cifar10", fmt: str = "python", sizes=(("train", 20), ("test", 8))
 ) -> list[str]:
     """The official tarball of `name` in `fmt` (python | binary); `sizes`: examples per split
-    (50,000 / 10,000 in the real ones, scripts/make_synthetic_archives.py)."""
+    (50,000 / 10,000 in the real ones, benchmarks/make_synthetic_archives.py)."""
     arrays = cifar_arrays(name, sizes)
     train, test = arrays["train"], arrays["test"]
     ten = name == "cifar10"

@@ -1,4 +1,4 @@
-"""Tests of scripts/bench_step.py: the JAX-only path, the missing-torch exit, the torch side."""
+"""Tests of benchmarks/bench_step.py: the JAX-only path, the missing-torch exit, the torch side."""
 
 import importlib
 import math
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture
 def bench(monkeypatch):
     """The `bench_step` script as a module (it imports its sibling `_timm_import`)."""
-    monkeypatch.syspath_prepend(str(SCRIPTS))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
     return importlib.import_module("bench_step")
 
 

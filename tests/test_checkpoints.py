@@ -1,6 +1,6 @@
 """Tests for aepg_jax.checkpoints: augreg .npz loading, timm parity, errors, inspect CLI.
 
-The fixtures come from scripts/make_timm_fixture.py (a tiny random timm ViT written in the
+The fixtures come from tests/make_timm_fixture.py (a tiny random timm ViT written in the
 augreg layout, checked there against timm's own loader); no torch is needed here.
 """
 

@@ -14,7 +14,13 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-PAGES = [ROOT / "README.md", *DOCS, ROOT / "configs/README.md", ROOT / "BENCHMARKS.md"]
+PAGES = [
+    ROOT / "README.md",
+    *DOCS,
+    ROOT / "configs/README.md",
+    ROOT / "BENCHMARKS.md",
+    ROOT / "benchmarks/README.md",
+]
 README_MAX_LINES = 250
 # The two commands at the top of README.md, as .ci/run and a fresh clone run them.
 COMMANDS = ["bash scripts/run_default.sh", "bash scripts/test.sh"]
@@ -131,12 +137,7 @@ def test_every_package_path_and_module_the_docs_name_exists():
 
 # Paths whose references and history notes another change converts; the tests below skip them
 # until then. Emptying this tuple makes them check every file.
-_CONVERTED_ELSEWHERE = (
-    "aepg_jax/continual/",
-    "aepg_jax/scratch/",
-    "aepg_jax/main.py",
-    "scripts/",
-)
+_CONVERTED_ELSEWHERE: tuple[str, ...] = ()
 ALGORITHM = ROOT / "docs/algorithm.md"
 SECTION_REF = re.compile(r"algorithm\.md\s+§(\d+)((?:\s*[-,]\s*§?\d+)*)")
 SPEC_DOC = re.compile(r"\bSPEC(_BASELINES)?\b")
@@ -232,3 +233,24 @@ def test_the_reference_and_history_checkers_see_what_they_must():
     assert ISSUE_NUMBER.search("After issues 26, 27") and ISSUE_NUMBER.search("issue #33")
     assert not ISSUE_NUMBER.search("the issue that led to it")
     assert text_files("aepg_jax") and text_files("README.md")
+
+
+TOOL_PATH = re.compile(r"(?<![\w/.-])(?:scripts|benchmarks|tests)/[\w-]+\.(?:py|sh|md)\b")
+
+
+def test_every_script_benchmark_and_test_file_named_exists():
+    """`scripts/...`, `benchmarks/...` and `tests/...` files named in the docs, CI, configs, the
+    package, the scripts, the benchmarks and the tests exist, so that nothing points at a tool
+    that moved (`scripts/` holds what a user runs, `benchmarks/` the benchmarks)."""
+    sources = [*PAGES, ROOT / ".ci/run", ROOT / "pyproject.toml", *ROOT.glob("configs/*.py")]
+    sources += [*(ROOT / "aepg_jax").rglob("*.py")]
+    for folder in ("scripts", "benchmarks", "tests"):
+        sources += [p for p in (ROOT / folder).iterdir() if p.suffix in (".py", ".sh", ".md")]
+    missing = [
+        f"{source.relative_to(ROOT)}: {path}"
+        for source in sources
+        for path in sorted(set(TOOL_PATH.findall(source.read_text())))
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, "\n".join(missing)
+    assert len([p for p in (ROOT / "scripts").iterdir() if p.is_file()]) <= 12  # user commands

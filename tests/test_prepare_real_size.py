@@ -5,7 +5,7 @@ split file and the peak RSS; with `AEPG_TF_PYTHON` (the python of a separate ven
 and their order equal `tfds build`'s of the same archive. Slow (minutes, ~7 GiB of disk; the
 TFDS comparison ~15 GiB): run it yourself,
 `.venv/bin/python -m pytest -m slow tests/test_prepare_real_size.py`; it uses
-`$AEPG_REHEARSAL_ARCHIVES/imagenet-r.tar` (from scripts/make_synthetic_archives.py) if present,
+`$AEPG_REHEARSAL_ARCHIVES/imagenet-r.tar` (from benchmarks/make_synthetic_archives.py) if present,
 else writes that archive into the test's tmp dir first.
 """
 
@@ -21,7 +21,7 @@ from tensorflow_datasets.core import shuffle
 
 from aepg_jax.prepare import shuffler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_prepare
 import make_synthetic_archives
 
@@ -73,7 +73,7 @@ def test_real_size_imagenet_r_prepares_without_tensorflow(tmp_path):
 def test_real_size_record_order_equals_tfds_build(tmp_path):
     archive = _archive(tmp_path)
     assert os.path.getsize(archive) > shuffle.MAX_MEM_BUFFER_SIZE  # TFDS spills to buckets
-    reference = [TF_PYTHON, str(ROOT / "scripts" / "tfds_reference_build.py")]
+    reference = [TF_PYTHON, str(ROOT / "tests" / "tfds_reference_build.py")]
     subprocess.run([*reference, "imagenet_r", str(tmp_path / "tfds"), archive], check=True)
     result = bench_prepare.run_prepare("imagenet_r", archive, str(tmp_path / "ours"))
     assert result["exit"] == 0

@@ -119,7 +119,7 @@ def test_records_and_order_equal_tfds_own_builder(tmp_path, name, fmt):
     subprocess.run(
         [
             TF_PYTHON,
-            str(ROOT / "scripts" / "tfds_reference_build.py"),
+            str(ROOT / "tests" / "tfds_reference_build.py"),
             name,
             str(tmp_path / "tfds"),
             *tfds_paths,

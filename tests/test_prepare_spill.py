@@ -27,7 +27,7 @@ from tensorflow_datasets.core import hashing, shuffle, writer
 from aepg_jax.prepare import __main__ as prepare_main
 from aepg_jax.prepare import shuffler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_prepare
 import make_synthetic_archives
 from no_tensorflow import hidden_meta_path

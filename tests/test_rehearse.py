@@ -1,4 +1,4 @@
-"""scripts/rehearse.py: RSS sampling, phase and task summaries, a tiny rehearsal (slow)."""
+"""benchmarks/rehearse.py: RSS sampling, phase and task summaries, a tiny rehearsal (slow)."""
 
 import json
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import make_synthetic_archives
 import rehearse
 

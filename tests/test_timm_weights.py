@@ -1,7 +1,7 @@
 """timm's `.safetensors` weights and `hf-hub:` ids: the same parameters and logits as the augreg
 `.npz` of the same weights, one-line refusals at validation, offline resolution from the cache.
 
-The fixtures come from scripts/make_timm_fixture.py (one tiny random timm ViT, written by timm's
+The fixtures come from tests/make_timm_fixture.py (one tiny random timm ViT, written by timm's
 safetensors call and in the augreg `.npz` layout); no torch is needed here.
 """
 

@@ -2,7 +2,7 @@
 the task's data resident on the device (`optim.steps_per_call`), on the embedded default's tiny
 ViT (random backbone, so no pretraining is needed).
 
-    python scripts/bench_loop.py [--steps 200] [--steps-per-call 0 (= one epoch)] [--batch 32]
+    python benchmarks/bench_loop.py [--steps 200] [--steps-per-call 0 (= one epoch)] [--batch 32]
 
 For each mode one task is trained twice: the first pass includes compilation and is reported
 apart; the second is timed. Prints steps/s of both modes and the ratio, measured in this run.

@@ -33,10 +33,10 @@ thread pool spans all cores by default (XLA_FLAGS is printed when set). The mode
 (`model.dtype`: parameters, loss, head and logits stay float32); the torch step then runs its
 forward pass and loss under `torch.autocast("cpu", dtype=torch.bfloat16)`.
 
-    python scripts/bench_step.py --batch 8 --steps 5 --rounds 3 --peft lora,adapter,prefix \
+    python benchmarks/bench_step.py --batch 8 --steps 5 --rounds 3 --peft lora,adapter,prefix \
         --image-size 224 --model vit_b16
-    python scripts/bench_step.py --model vit_tiny            # quick check (seconds)
-    python scripts/bench_step.py --model vit_tiny --jax-only # no torch needed
+    python benchmarks/bench_step.py --model vit_tiny            # quick check (seconds)
+    python benchmarks/bench_step.py --model vit_tiny --jax-only # no torch needed
 
 Memory: XLA's CPU runtime allocates its temporaries (about 1.4 GiB for a ViT-B/16 batch-8 step)
 afresh every step; with glibc's defaults that costs ~0.4M page faults, ~1 CPU-s per step here.

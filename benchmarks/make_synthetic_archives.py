@@ -1,6 +1,6 @@
 """Real-size synthetic archives in the official member layouts, for rehearsing `prepare`.
 
-    python scripts/make_synthetic_archives.py imagenet_r food101 caltech_birds2011 cifar10 \
+    python benchmarks/make_synthetic_archives.py imagenet_r food101 caltech_birds2011 cifar10 \
         cifar100 clrs25 --out=/work/rehearsal/archives
 
 writes into OUT, each as the real download is laid out:

@@ -4,12 +4,12 @@ Jits our model's forward pass and `jax.grad` of a cross-entropy on it with respe
 and head leaves only (the frozen backbone is a non-differentiated argument, as in the train
 step), on one batch of constant images; prints the median over `--steps` calls after one
 warm-up call, the page faults and the system CPU time per call. No augmentation, no optimizer:
-compare with `scripts/bench_step.py`, which times the whole step.
+compare with `benchmarks/bench_step.py`, which times the whole step.
 
-    python scripts/bench_vit_compute.py                          # ViT-B/16, LoRA, batch 8
-    XLA_FLAGS=--xla_cpu_use_onednn=true python scripts/bench_vit_compute.py
-    python scripts/bench_vit_compute.py --dtype bfloat16
-    python scripts/bench_vit_compute.py --no-page-faults         # glibc keeps freed memory
+    python benchmarks/bench_vit_compute.py                          # ViT-B/16, LoRA, batch 8
+    XLA_FLAGS=--xla_cpu_use_onednn=true python benchmarks/bench_vit_compute.py
+    python benchmarks/bench_vit_compute.py --dtype bfloat16
+    python benchmarks/bench_vit_compute.py --no-page-faults         # glibc keeps freed memory
 
 `--no-page-faults` applies `aepg_jax.system.memory.keep_pages_mapped()` (glibc `mallopt`: one arena,
 no mmap for large blocks, never trim) before JAX starts, so XLA:CPU's temporaries reuse mapped

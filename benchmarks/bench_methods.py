@@ -1,6 +1,6 @@
 """Training-step time of each continual method relative to plain LoRA, in one process.
 
-    python scripts/bench_methods.py [--model tiny|vit_b16] [--batch 32] [--steps 10] [--rounds 3]
+    python benchmarks/bench_methods.py [--model tiny|vit_b16] [--batch 32] [--steps 10] [--rounds 3]
 
 Each method's real jitted step (`continual.training.run_step_fn`: its forward, e.g. the prompt
 methods' extra query pass, its loss terms, Adam, its per-step update) on task 1 of the embedded

@@ -6,7 +6,7 @@ warms the page cache, then times over the same epoch order (`loader.epoch_order`
 
 * memcpy: contiguous copies of a batch's bytes from the memory map (the ceiling),
 * sorted gather: `np.take` of a batch's sorted rows into a preallocated buffer,
-* old loader: the loader before issue 26 (kept below as the baseline),
+* old loader: the baseline, the previous `loader.iterate` (kept below verbatim),
 * new loader: `aepg_jax.data.loader.iterate` (default threads, and with one thread),
 
 each in `--rounds` interleaved rounds of `--batches` batches (median reported; the machine may be
@@ -14,7 +14,7 @@ shared, so the load average is printed beside). H100 consumption = bf16 peak x t
 FLOPs per image of the train step (`--gflop_per_img`, from BENCHMARKS.md's plan table: lae bf16,
 1 x H100, ViT-B/16 at 224 px).
 
-    nice -n 10 .venv/bin/python scripts/bench_loader.py [--n=24000] [--batch=256]
+    nice -n 10 .venv/bin/python benchmarks/bench_loader.py [--n=24000] [--batch=256]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from aepg_jax.plan import report, targets
 ROOT = "/work/rehearsal/bench_loader"
 
 
-# ---- the loader before issue 26, verbatim (the baseline) ---------------------------------------
+# ---- the previous loader, verbatim (the baseline) ----------------------------------------------
 def _old_read(images, labels, rows, valid):
     order = np.argsort(rows, kind="stable")
     gathered = np.empty((len(rows), *images.shape[1:]), images.dtype)

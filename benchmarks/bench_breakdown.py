@@ -9,7 +9,7 @@ every row is reported as a ratio to the **minimal** step measured in the same ru
   Dense head), float32 images already on the device (no augmentation), softmax CE, `optax.adam`
   on LoRA + head only, frozen parameters a separate jit argument, trainable parameters and Adam
   state donated.
-  `minimal_issue` is issue 15's original: LoRA rank 8 on Q and V of every block.
+  `minimal_issue`: the same step with LoRA rank 8 on Q and V of every block.
 * `ours`: the real `train_step.make_train_step` as the task loop builds it (uint8 256 px batch
   copied to the device each step, on-device RandomResizedCrop + flip + normalise, exact GELU,
   the partitioned optimizer with its gated PEFT label, the metrics), state donated.
@@ -32,10 +32,10 @@ blocks, never trim; it applies to every row, timm's included); `AEPG_MALLOC=defa
 glibc's defaults instead. `--rss` runs `minimal` and `ours` alone in fresh processes and reports
 their peak RSS.
 
-    python scripts/bench_breakdown.py                          # ViT-B/16, batch 8, all rows
-    python scripts/bench_breakdown.py --rows minimal,ours,timm --timm
-    python scripts/bench_breakdown.py --model vit_tiny --steps 3 --rounds 2   # seconds
-    python scripts/bench_breakdown.py --rss
+    python benchmarks/bench_breakdown.py                          # ViT-B/16, batch 8, all rows
+    python benchmarks/bench_breakdown.py --rows minimal,ours,timm --timm
+    python benchmarks/bench_breakdown.py --model vit_tiny --steps 3 --rounds 2   # seconds
+    python benchmarks/bench_breakdown.py --rss
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def model_only_runner(model: str, batch: int) -> tuple[Callable[[], None], float
 def make_runner(row: str, model: str, batch: int) -> tuple[Callable[[], None], float | None]:
     """`(step, XLA temporaries MiB or None)` of one row."""
     if row in ("minimal", "minimal_issue"):
-        return minimal_step.minimal_runner(model, batch, issue_lora=row == "minimal_issue")
+        return minimal_step.minimal_runner(model, batch, qv_all_blocks=row == "minimal_issue")
     if row == "model_only":
         return model_only_runner(model, batch)
     if row == "timm":

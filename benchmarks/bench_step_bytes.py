@@ -2,10 +2,10 @@
 with pieces of the step switched off, next to `minimal_step.py`'s step (BENCHMARKS.md, "LAE's
 bytes on H100").
 
-    ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/python scripts/bench_step_bytes.py \
+    ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/python benchmarks/bench_step_bytes.py \
         --dtype=bfloat16 --variants="minimal;;augment;exact_gelu;lora_bf16;no_scale"
 
-A variant is a comma-separated set of: `scripts/step_harness.py`'s `patched` switches
+A variant is a comma-separated set of: `benchmarks/step_harness.py`'s `patched` switches
 (augment, exact_gelu, grad_norm), `lora_bf16` (LoRA's products in the compute dtype),
 `no_scale` (LoRA's scale left out of the product: not differentiated), `softmax_bf16`
 (attention softmax in bfloat16); `minimal` is the minimal step; the empty variant our step.

@@ -1,6 +1,6 @@
 """Cost of the checkpoint integrity digests at ViT-B/16 PEFT size, against the save itself.
 
-    python scripts/bench_digest.py [--preset vit_b16] [--kind lora] [--classes 200] [--repeats 3]
+    python benchmarks/bench_digest.py [--preset vit_b16] [--kind lora] [--classes 200] [--repeats 3]
 
 The saved `TrainState` of an LAE run holds the trainable tree (PEFT + heads) four times over:
 the parameters, Adam's two moments and LAE's offline PEFT. This builds random arrays of those

@@ -18,9 +18,9 @@ backbone, which every seed shares). Prints the wall time of each side, the ratio
 seed's A_T from both sides (they should agree: seed i of the vmapped run is the single run of
 seed i).
 
-    python scripts/bench_seeds.py                      # S=5, the default as shipped, CLI runs
-    python scripts/bench_seeds.py --mode inprocess
-    python scripts/bench_seeds.py --num-seeds 3 --epochs 2 --pretrain-dataset digits  # quick
+    python benchmarks/bench_seeds.py                      # S=5, the default as shipped, CLI runs
+    python benchmarks/bench_seeds.py --mode inprocess
+    python benchmarks/bench_seeds.py --num-seeds 3 --epochs 2 --pretrain-dataset digits  # quick
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Builds a dataset with TFDS's own, unmodified builder from a local archive (needs TensorFlow).
 
-    TFVENV/bin/python scripts/tfds_reference_build.py NAME DATA_DIR ARCHIVE [ARCHIVE ...]
+    TFVENV/bin/python tests/tfds_reference_build.py NAME DATA_DIR ARCHIVE [ARCHIVE ...]
 
-The reference for `aepg_jax.prepare` (tests/test_prepare_vs_tfds.py): TFDS's download manager
-takes each archive from a manual dir (its official file name), with the archive's own size and
-sha256 registered in place of the official ones (test archives are not the official files),
-then `download_and_prepare(file_format=array_record)` runs TFDS's code path untouched. Run it
-in a separate venv with `tensorflow-cpu tensorflow-datasets array_record importlib_resources`
+The reference for `aepg_jax.prepare` (tests/test_prepare_slow.py,
+tests/test_prepare_real_size.py): TFDS's download manager takes each archive from a manual dir
+(its official file name), with the archive's own size and sha256 registered in place of the
+official ones (test archives are not the official files), then
+`download_and_prepare(file_format=array_record)` runs TFDS's code path untouched. Run it in a
+separate venv with `tensorflow-cpu tensorflow-datasets array_record importlib_resources`
 (and `opencv-python-headless` for caltech_birds2011), never in the project's venv.
 """
 

@@ -1,4 +1,4 @@
-"""Import ``timm`` without a working ``torchvision`` (or Pillow): shared by the torch scripts.
+"""Import ``timm`` without a working ``torchvision`` (or Pillow): shared by the torch tools.
 
 ``import timm`` imports ``timm.data`` (transforms, datasets) and ``timm.layers``, which import
 torchvision (and Pillow, which normally comes with it) at module level. The ViT models, their
@@ -12,8 +12,8 @@ is an inert, subclassable placeholder class whose attributes are again distinct 
     timm = _timm_import.import_timm()      # raises TorchMissingError if torch or timm is absent
     _timm_import.stubbed_packages()        # e.g. ["torchvision"]
 
-Used by ``scripts/make_timm_fixture.py`` and ``scripts/torch_step.py`` (run from ``scripts/``,
-or with ``scripts/`` on ``sys.path``).
+Used by ``benchmarks/torch_step.py`` and ``tests/make_timm_fixture.py`` (with ``benchmarks/`` on
+``sys.path``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ horizontal flip, normalisation to [-1, 1], float32 NHWC) from the same JPEG file
   PIL, RandomResizedCrop + flip with PIL, normalise with NumPy, stack; run on a thread pool
   with one thread per core (PIL releases the GIL while decoding and resizing).
 
-    python scripts/bench_data.py [--images 512] [--batch 64] [--epochs 2]
+    python benchmarks/bench_data.py [--images 512] [--batch 64] [--epochs 2]
 
 Prints images/s of each and the ratio, measured in this one run (the first epoch of ours
 includes compilation and is reported separately), plus our loader and our augmentation alone.

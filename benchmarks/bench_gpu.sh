@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One command for one 10-minute call on a GPU machine (see scripts/bench_gpu.py): the train step
-# at batch 64/128/256 in f32 and bf16 against the plan's FLOPs and memory, then a 10-task x
+# One command for one 10-minute call on a GPU machine (see benchmarks/bench_gpu.py): the train
+# step at batch 64/128/256 in f32 and bf16 against the plan's FLOPs and memory, then a 10-task x
 # 1-epoch run on synthetic ImageNet-R-shaped JPEGs against the plan's projected time.
-#   bash scripts/bench_gpu.sh            # ViT-B/16 (a GPU)
-#   bash scripts/bench_gpu.sh tiny       # the same on the CPU with a tiny ViT (checks the script)
+#   bash benchmarks/bench_gpu.sh        # ViT-B/16 (a GPU)
+#   bash benchmarks/bench_gpu.sh tiny   # the same on the CPU with a tiny ViT (checks the script)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -11,4 +11,4 @@ PY=${PYTHON:-.venv/bin/python}
 preset=${1:-vit_b16}
 [ "$preset" = tiny ] && export JAX_PLATFORMS=cpu  # no CUDA plugin probing on a CPU host
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # the peak memory figure is the program's, not a pool
-exec "$PY" scripts/bench_gpu.py --preset="$preset"
+exec "$PY" benchmarks/bench_gpu.py --preset="$preset"

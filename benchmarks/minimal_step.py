@@ -3,7 +3,9 @@
 A hand-written Flax ViT of a preset's sizes (separate q/k/v/out `nn.Dense` layers,
 tanh-approximate GELU, LoRA on two of q/k/v of chosen blocks, a Dense head), float32 images
 already on the device, softmax CE, `optax.adam` on LoRA + head only, frozen parameters a
-separate jit argument, trainable parameters and Adam state donated: the step of issue 15.
+separate jit argument, trainable parameters and Adam state donated. LoRA sits where the model's
+PEFT config puts ours (its rank, on K and V of its blocks); `qv_all_blocks` puts rank 8 on Q and
+V of every block instead.
 """
 
 from __future__ import annotations
@@ -11,23 +13,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-def minimal_runner(model: str, batch: int, issue_lora: bool) -> tuple[Callable[[], None], float]:
+def minimal_runner(model: str, batch: int, qv_all_blocks: bool) -> tuple[Callable[[], None], float]:
     """The minimal Flax ViT LoRA step (module docstring), compiled, on a device-resident batch."""
-    return adam_step_runner(*minimal_parts(model, batch, issue_lora))
+    return adam_step_runner(*minimal_parts(model, batch, qv_all_blocks))
 
 
 def minimal_program(
     model: str, batch: int, dtype: str = "float32"
 ) -> tuple[Callable, tuple, tuple[int, ...]]:
     """`(step, args, donate_argnums)` of the minimal step (LoRA as `model.peft` places it) for
-    lowering anywhere (`scripts/bench_plan.py`): `jax.jit(step, donate_argnums).lower(*args)`;
+    lowering anywhere (`benchmarks/bench_plan.py`): `jax.jit(step, donate_argnums).lower(*args)`;
     `dtype` bfloat16 computes in bfloat16 with float32 parameters, as `model.dtype`."""
     grad_fn, trainable, frozen, images, labels = minimal_parts(model, batch, False, dtype)
     step, tx = _adam_step(grad_fn)
     return step, (trainable, tx.init(trainable), frozen, images, labels), (0, 1)
 
 
-def minimal_parts(model: str, batch: int, issue_lora: bool, dtype: str = "float32"):
+def minimal_parts(model: str, batch: int, qv_all_blocks: bool, dtype: str = "float32"):
     """`(grad_fn, trainable, frozen, images, labels)` of the minimal step (module docstring)."""
     import flax.linen as nn
     import jax
@@ -39,9 +41,9 @@ def minimal_parts(model: str, batch: int, issue_lora: bool, dtype: str = "float3
 
     m = schema.base_config(model).model
     dt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
-    rank = 8 if issue_lora else m.peft.lora_rank
-    lora_blocks = tuple(range(m.depth)) if issue_lora else tuple(m.peft.blocks)
-    targets = ("q", "v") if issue_lora else ("k", "v")
+    rank = 8 if qv_all_blocks else m.peft.lora_rank
+    lora_blocks = tuple(range(m.depth)) if qv_all_blocks else tuple(m.peft.blocks)
+    targets = ("q", "v") if qv_all_blocks else ("k", "v")
     width, heads, num_classes = m.hidden_size, m.num_heads, 20
 
     class Block(nn.Module):

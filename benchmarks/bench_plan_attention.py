@@ -1,10 +1,10 @@
-"""Issue 20 item 0(b): today's explicit-softmax attention against `jax.nn.dot_product_attention`
+"""Our explicit-softmax attention against `jax.nn.dot_product_attention`
 (XLA implementation; cuDNN's needs a GPU to compile) in the plan's terms: task 1's LAE step of
 `configs/imagenet_r.py` (ViT-B/16, batch 256) compiled for a target without it, temporaries and
 XLA's bytes accessed per image. The alternative is patched in for this measurement only (plain
 attention without prefixes, which is what LoRA runs).
 
-    JAX_PLATFORMS=cpu nice -n 10 python scripts/bench_plan_attention.py --target=gpu:h100
+    JAX_PLATFORMS=cpu nice -n 10 python benchmarks/bench_plan_attention.py --target=gpu:h100
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from aepg_jax.models import peft as peft_lib
 from aepg_jax.models import vit
 from aepg_jax.plan import analysis, programs, shapes, targets
 
-TODAY = vit.MultiHeadDotProductAttention.__call__
+OURS = vit.MultiHeadDotProductAttention.__call__
 
 
 @nn.compact
@@ -60,7 +60,7 @@ def main() -> None:
     a = p.parse_args()
     target = targets.parse(a.target)
     for dtype in a.dtypes.split(","):
-        for name, call in (("today", TODAY), ("dot_product_attention", fused_call)):
+        for name, call in (("explicit softmax", OURS), ("dot_product_attention", fused_call)):
             vit.MultiHeadDotProductAttention.__call__ = call
             cfg = schema.from_file("configs/imagenet_r.py", "tasks=10,method=lae")
             cfg.model.init, cfg.model.dtype = "random", dtype
@@ -72,7 +72,7 @@ def main() -> None:
                 f"{c.flops / c.images / 1e9:.2f} GFLOP/img, compile {c.seconds:.0f} s",
                 flush=True,
             )
-    vit.MultiHeadDotProductAttention.__call__ = TODAY
+    vit.MultiHeadDotProductAttention.__call__ = OURS
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 static shards (`--shard=i/N`: every N-th run) against N workers claiming runs most expensive
 first (`aepg_jax.sweep` without --shard), and their ratio.
 
-    python scripts/simulate_sweep_schedule.py [--experiment=table1] [--gpus=8] [--where=k=v,...]
+    python benchmarks/simulate_sweep_schedule.py [--experiment=table1] [--gpus=8] [--where=k=v,...]
 
 A run's time is taken as proportional to its estimated FLOPs (`aepg_jax/plan/estimate.py`),
 i.e. every run at the same throughput; compile, data loading and start-up are not counted.

@@ -43,11 +43,11 @@ Regenerate (torch/timm in a throwaway venv, or in the project's .venv like bench
     /tmp/torchenv/bin/pip install torch==2.13.0
     /tmp/torchenv/bin/pip install --no-deps timm
     /tmp/torchenv/bin/pip install pyyaml huggingface_hub safetensors numpy
-    /tmp/torchenv/bin/python scripts/make_timm_fixture.py
+    /tmp/torchenv/bin/python tests/make_timm_fixture.py
 
 Generated with timm 1.0.31, torch 2.13.0+cpu, numpy 2.4.6 (CPU). timm is installed without its
 ``torchvision`` dependency (and so without Pillow); missing ones are replaced by inert stub
-modules before ``import timm`` (see ``scripts/_timm_import.py``). No network access, no weights.
+modules before ``import timm`` (see ``benchmarks/_timm_import.py``). No network access, no weights.
 """
 
 from __future__ import annotations
@@ -58,8 +58,10 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import _timm_import
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import _timm_import  # shared with benchmarks/torch_step.py
 
 if TYPE_CHECKING:
     import torch
@@ -83,7 +85,7 @@ This script needs torch and timm, which are deliberately not part of the project
     /tmp/torchenv/bin/pip install torch==2.13.0
     /tmp/torchenv/bin/pip install --no-deps timm
     /tmp/torchenv/bin/pip install pyyaml huggingface_hub safetensors numpy
-    /tmp/torchenv/bin/python scripts/make_timm_fixture.py"""
+    /tmp/torchenv/bin/python tests/make_timm_fixture.py"""
 
 
 def _import_torch_and_timm() -> tuple[types.ModuleType, types.ModuleType, list[str]]:

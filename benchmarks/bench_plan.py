@@ -1,7 +1,7 @@
 """The BENCHMARKS.md table "Accelerators, compiled without one": the continual run of a paper
 config (default `configs/imagenet_r.py`, 10 tasks) per method and compute dtype, compiled for
 TPU slices and GPUs on this CPU host (`aepg_jax.plan`), next to the minimal step of
-`scripts/minimal_step.py` (same ViT, LoRA on K/V of blocks 0-4, Adam) on the same targets.
+`benchmarks/minimal_step.py` (same ViT, LoRA on K/V of blocks 0-4, Adam) on the same targets.
 
 Per (method, dtype, target): task 1's train step compiled for the target (memory per device,
 FLOPs and bytes per image, collectives, compile seconds) and the whole run's projection from the
@@ -9,9 +9,9 @@ host FLOP count of every program of the run (`plan.project.calls` x FLOPs per ca
 at 40% MFU). Rows are appended to `--out` (JSON lines) as they finish, so an interrupted bench
 keeps what it measured; `--render` prints the markdown table and the ours / minimal ratios.
 
-    nice -n 10 python scripts/bench_plan.py --methods=lae --dtypes=float32,bfloat16 \
+    nice -n 10 python benchmarks/bench_plan.py --methods=lae --dtypes=float32,bfloat16 \
         --targets=tpu:v5e-16,tpu:v5p-8,tpu:v6e-4,gpu:h100,gpu:h100x8 --out=plan.jsonl
-    python scripts/bench_plan.py --render --out=plan.jsonl
+    python benchmarks/bench_plan.py --render --out=plan.jsonl
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Rehearse a paper dataset at its real size on the host: archive, prepare, cache, train, evaluate.
 
-    python scripts/rehearse.py imagenet_r --archives=/work/rehearsal/archives \
+    python benchmarks/rehearse.py imagenet_r --archives=/work/rehearsal/archives \
         --root=/work/rehearsal [--skip_prepare] [--fresh_cache] [--steps=2] [--epochs=2]
 
 For each dataset NAME (imagenet_r, food101, caltech_birds2011, cifar10, cifar100, clrs25; the
-files of `scripts/make_synthetic_archives.py`): checks the archive(s) against
+files of `benchmarks/make_synthetic_archives.py`): checks the archive(s) against
 `<first archive>.checksums.tsv` (size and sha256; CLRS25's folder has no digest and is only
 measured), prepares it with `python -m aepg_jax.prepare` in a TensorFlow-free child
 (`bench_prepare.run_prepare`; `--skip_prepare` reuses `ROOT/prepared/NAME` and reports its
@@ -72,7 +72,7 @@ from aepg_jax.data import cache
 from aepg_jax.runs import checkpointing
 from aepg_jax.scratch import trainer as scratch
 EVENTS, DIRS = os.environ["REHEARSE_EVENTS"], os.environ["REHEARSE_DIRS"].split(os.pathsep)
-sys.path.insert(0, os.environ["REHEARSE_SCRIPTS"])
+sys.path.insert(0, os.environ["REHEARSE_BENCHMARKS"])
 import bench_prepare
 def du():
     return sum(bench_prepare.du(d) for d in DIRS)
@@ -176,7 +176,7 @@ def run_config(name: str, root: str, flags: list[str], extra: list[str], interva
         os.environ,
         REHEARSE_EVENTS=events_path,
         REHEARSE_DIRS=os.pathsep.join(dirs),
-        REHEARSE_SCRIPTS=os.path.dirname(os.path.abspath(__file__)),
+        REHEARSE_BENCHMARKS=os.path.dirname(os.path.abspath(__file__)),
     )
     args = [
         *flags,
@@ -392,7 +392,8 @@ def main() -> None:
         for path in files:
             if not os.path.exists(path):
                 _fail(
-                    f"--archives: {path} not found (scripts/make_synthetic_archives.py writes both)"
+                    f"--archives: {path} not found "
+                    "(benchmarks/make_synthetic_archives.py writes both)"
                 )
     code = 0
     for name in args.names:
