@@ -18,8 +18,8 @@ import time
 import jax
 
 from aepg_jax.config import schema
-from aepg_jax.continual import bookkeeping, loop, setup, training
-from aepg_jax.continual import state as state_lib
+from aepg_jax.continual import setup, trainer
+from aepg_jax.continual.results import Bookkeeping
 from aepg_jax.runs import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,14 +32,15 @@ def default_config():
 def time_task(cfg, workdir: str) -> tuple[float, float]:
     """(first pass seconds incl. compile, second pass seconds) of training task 0."""
     run = setup.build(cfg, workdir)
-    book = bookkeeping.Bookkeeping(run, state_lib.STATE_LAYOUT)
+    programs = trainer.build_programs(run)
+    book = Bookkeeping(run)
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
     times = []
     try:
         for _ in range(2):
-            state = loop.begin_task(run, 0, None)
+            state = trainer.begin_task(run, 0, None)
             start = time.perf_counter()
-            state = training.train_task(run, book, ckpt, 0, state, 0)
+            state = trainer.train_task(run, programs, book, ckpt, 0, state, 0)
             jax.block_until_ready(state.trainable)
             times.append(time.perf_counter() - start)
     finally:

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_methods.py [--model tiny|vit_b16] [--batch 32] [--steps 10] [--rounds 3]
 
-Each method's real jitted step (`continual.training.run_step_fn`: its forward, e.g. the prompt
+Each method's real jitted step (`continual.trainer.run_step_fn`: its forward, e.g. the prompt
 methods' extra query pass, its loss terms, Adam, its per-step update) on task 1 of the embedded
 default's data (digits), a random backbone (the step's cost does not depend on the weights).
 `tiny` is the default's ViT; `vit_b16` is ViT-B/16 at 224 px (PEFT on blocks 0-4), slow on a
@@ -22,7 +22,7 @@ import time
 import jax
 
 from aepg_jax.config import schema
-from aepg_jax.continual import loop, setup, training
+from aepg_jax.continual import setup, trainer
 from aepg_jax.data import loader
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "default.py")
@@ -50,8 +50,8 @@ def stepper(cfg, workdir: str):
     """`(step(state) -> state, state)` of task 1 (task 0 set up and skipped: earlier tasks'
     state exists, as in a real run), over a fixed list of batches."""
     run = setup.build(cfg, workdir)
-    state = loop.end_task(run, 0, loop.begin_task(run, 0, None))
-    state = loop.begin_task(run, 1, state)
+    state = trainer.end_task(run, 0, trainer.begin_task(run, 0, None))
+    state = trainer.begin_task(run, 1, state)
     task = run.data.tasks.tasks[1]
     batches = list(
         itertools.islice(
@@ -68,7 +68,7 @@ def stepper(cfg, workdir: str):
             4,
         )
     )
-    fn = jax.jit(training.run_step_fn(run, 1, state), donate_argnums=(0,))
+    fn = jax.jit(trainer.run_step_fn(run, 1), donate_argnums=(0,))
     counter = itertools.count()
 
     def step(state):

@@ -10,7 +10,7 @@ task, checkpoints, reports), seeds `0..S-1`:
 `--mode cli` (default) times what a user types: each run is its own
 `python -m aepg_jax.main --config=configs/default.py --workdir=... --config.seed=i` process
 (the sequential side pays S interpreter starts, imports and data loads, the vmapped side one).
-`--mode inprocess` calls `loop.run` in this process for both sides (no process start; the
+`--mode inprocess` calls `trainer.run` in this process for both sides (no process start; the
 sequential side still compiles its steps once per run, as separate runs would).
 
 The shared inputs are built before the clock starts (the decoded data caches and the pretrained
@@ -41,8 +41,8 @@ import jax
 import numpy as np
 
 from aepg_jax.config import schema
-from aepg_jax.continual import loop
 from aepg_jax.continual import setup as run_setup
+from aepg_jax.continual import trainer
 from aepg_jax.models import pretrain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,10 +107,10 @@ def cli_run(args: argparse.Namespace, workdir: str, **fields: object) -> tuple[f
 
 
 def timed_run(cfg, workdir: str) -> tuple[float, dict]:
-    """(wall seconds, results) of one `loop.run`; its tables and progress bars are swallowed."""
+    """(wall seconds, results) of one `trainer.run`; its tables and progress bars are swallowed."""
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        results = loop.run(cfg, workdir)
+        results = trainer.run(cfg, workdir)
     return time.perf_counter() - start, results
 
 

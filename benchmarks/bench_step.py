@@ -1,10 +1,10 @@
 """Times our jitted ViT PEFT train step against an eager PyTorch/timm reference step on the CPU.
 
-For each PEFT kind (LoRA, adapter, prefix; SPEC §5, blocks 0-4) both sides run one complete
-training step on the same uint8 batch (B, S, S, 3) with S = 256 for 224 px input:
+For each PEFT kind (LoRA, adapter, prefix; docs/algorithm.md §5, blocks 0-4) both sides run one
+complete training step on the same uint8 batch (B, S, S, 3) with S = 256 for 224 px input:
 
-* JAX: the real step of `aepg_jax.continual.train_step.make_train_step`, jitted with the state
-  donated, built as the task loop builds it (`state.optimizer`, `setup.step_config` from
+* JAX: the real step of `aepg_jax.continual.steps.make_train_step`, jitted with the state
+  donated, built as the task loop builds it (`steps.optimizer`, `setup.step_config` from
   `schema.base_config`): device-side RandomResizedCrop(224, scale (.05, 1)) + flip +
   normalisation, ViT forward, the task head, the loss (CE by default), gradients of the PEFT and
   head leaves only, Adam (optax, frozen backbone `set_to_zero`), plus the step's metrics

@@ -67,7 +67,7 @@ NARROW = (
 # to $REHEARSE_EVENTS, then `python -m aepg_jax.main ARGS`.
 CHILD = """
 import functools, json, os, runpy, sys, time
-from aepg_jax.continual import loop, setup
+from aepg_jax.continual import setup, trainer
 from aepg_jax.data import cache
 from aepg_jax.runs import checkpointing
 from aepg_jax.scratch import trainer as scratch
@@ -91,9 +91,9 @@ def timed(phase, fn, task_arg=None):
     return wrapper
 cache.load_or_build = timed("cache build", cache.load_or_build)
 setup.build = timed("setup", setup.build)
-loop.fit.check = timed("fit check", loop.fit.check, 1)
-loop.training.train_task = timed("training steps", loop.training.train_task, 3)
-loop.evaluation.evaluate = timed("evaluation", loop.evaluation.evaluate, 1)
+trainer.check_fit = timed("fit check", trainer.check_fit, 2)
+trainer.train_task = timed("training steps", trainer.train_task, 4)
+trainer.evaluate = timed("evaluation", trainer.evaluate, 2)
 # The from-scratch trainer: an epoch is a "task", evaluated on the whole test split after it.
 scratch._Run.__init__ = timed("setup", scratch._Run.__init__)
 scratch._Run.train_epoch = timed("training steps", scratch._Run.train_epoch, 2)

@@ -2,7 +2,7 @@
 `bench_vit_compute.py`; the minimal step is `minimal_step.py`, the PyTorch/timm step
 `torch_step.py`).
 
-* `our_step(...)`: our real jitted train step (`continual.train_step.make_train_step`) built
+* `our_step(...)`: our real jitted train step (`continual.steps.make_train_step`) built
   as the task loop builds it, compiled, on a fixed uint8 batch copied to the device each step;
   options switch pieces off or add what a later task has (`bench_breakdown.py`'s rows).
 * Timing: `time_steps` (wall seconds per step), `timed` (wall, page faults, system CPU per
@@ -36,8 +36,7 @@ import optax
 from aepg_jax import losses, methods, schedules
 from aepg_jax.config import schema
 from aepg_jax.continual import setup
-from aepg_jax.continual import state as state_lib
-from aepg_jax.continual import train_step as ts
+from aepg_jax.continual import steps as ts
 from aepg_jax.models import head, partition, vit
 
 PEFT_KINDS = ("lora", "adapter", "prefix")
@@ -90,7 +89,7 @@ def make_batch(batch: int, size: int, num_classes: int, seed: int) -> dict[str, 
 def run_config(
     model: str, kind: str, loss: str, image_size: int | None, dtype: str = "float32"
 ) -> Any:
-    """The project config of one benchmark case (SPEC defaults otherwise)."""
+    """The project config of one benchmark case (the defaults of docs/algorithm.md otherwise)."""
     for value, valid, what in ((model, MODELS, "model"), (kind, PEFT_KINDS, "PEFT kind")):
         if value not in valid:
             raise ValueError(f"Unknown {what} {value!r}; valid: {', '.join(valid)}.")
@@ -114,7 +113,7 @@ def patched(off: set[str]) -> Iterator[None]:
     """Pieces of our step switched off while it is traced (restored afterwards): `augment` (a
     slice + normalise instead of the random resized crop), `exact_gelu` (tanh GELU),
     `grad_norm` (0)."""
-    from aepg_jax.continual import train_step
+    from aepg_jax.continual import steps as train_step
 
     saved = []
 
@@ -178,7 +177,7 @@ def our_step(
         freeze_steps=10**6 if "head_only_cond" in add else 0,
         head_sizes=sizes,
     )
-    optimizer = state_lib.optimizer(cfg, trainable)
+    optimizer = ts.optimizer(cfg, trainable)
     if "partitioned_adam" in off:
         optimizer = optax.with_extra_args_support(optax.adam(cfg.optim.learning_rate))
     method = methods.get(cfg.method.name)(cfg)

@@ -49,7 +49,8 @@ def _torch_peft_attention(torch: Any) -> type:
         return nn.Parameter(torch.empty(shape).uniform_(low, high))
 
     class PeftAttention(nn.Module):
-        """timm `Attention` (its qkv/proj modules reused) plus one PEFT module (SPEC §5).
+        """timm `Attention` (its qkv/proj modules reused) plus one PEFT module
+        (docs/algorithm.md §5).
 
         The adapter sits here because its input, LN1 x, is the attention's input: the block
         computes `x + Attn(LN1 x) + s Up(GELU(Down(LN1 x)))`.

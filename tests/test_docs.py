@@ -135,9 +135,6 @@ def test_every_package_path_and_module_the_docs_name_exists():
     assert not missing, "\n".join(sorted(missing))
 
 
-# Paths whose references and history notes another change converts; the tests below skip them
-# until then. Emptying this tuple makes them check every file.
-_CONVERTED_ELSEWHERE: tuple[str, ...] = ()
 ALGORITHM = ROOT / "docs/algorithm.md"
 SECTION_REF = re.compile(r"algorithm\.md\s+§(\d+)((?:\s*[-,]\s*§?\d+)*)")
 SPEC_DOC = re.compile(r"\bSPEC(_BASELINES)?\b")
@@ -145,14 +142,14 @@ ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.I)
 
 
 def text_files(*roots: str) -> list[pathlib.Path]:
-    """The text files under `roots` (directories or files), minus `_CONVERTED_ELSEWHERE`."""
+    """The text files under `roots` (directories or files)."""
     out = []
     for root in roots:
         base = ROOT / root
         paths = [base] if base.is_file() else sorted(base.rglob("*")) if base.is_dir() else []
         for path in paths:
             rel = path.relative_to(ROOT).as_posix()
-            if not path.is_file() or "__pycache__" in rel or rel.startswith(_CONVERTED_ELSEWHERE):
+            if not path.is_file() or "__pycache__" in rel:
                 continue
             try:
                 path.read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""Tests of aepg_jax.continual.metrics / report and scripts/compare_runs.py (CPU, NumPy only)."""
+"""Tests of aepg_jax.continual.metrics / results and scripts/compare_runs.py (CPU, NumPy only)."""
 
 import json
 import math

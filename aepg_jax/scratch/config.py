@@ -1,4 +1,5 @@
-"""The config of a train-from-scratch run (paper Table 4, docs/algorithm.md §9): fields, defaults, checks.
+"""The config of a train-from-scratch run (paper Table 4, docs/algorithm.md §9): fields,
+defaults, checks.
 
 Fields (defaults in brackets; docs/algorithm.md §9, §16):
 
