@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image
 
 from aepg_jax.config import schema
-from aepg_jax.plan import analysis, programs, project, shapes, targets
+from aepg_jax.plan import programs, project, shapes, targets
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PRESETS = {
@@ -123,7 +123,7 @@ def step_rows(preset: str) -> None:
             cfg = config(preset, {"data.num_tasks": 10}, dtype, batch)
             run = shapes.shape_run(cfg, (24_000, 6_000, 200))
             program = programs.train_programs(run)[0]
-            flops = analysis.host_flops(program)
+            flops = program.host_flops
             args = program.sharded(mesh)
             compiled = program.lower(mesh).compile()  # the program the plan compiles, run here
             mem = compiled.memory_analysis()
@@ -194,7 +194,7 @@ def short_run(preset: str, work: pathlib.Path) -> None:
     run = shapes.shape_run(cfg, (n - n // 5, n // 5, classes))
     counts = project.calls(run)
     flops = sum(
-        counts.get(p.name, 0) * analysis.host_flops(p)
+        counts.get(p.name, 0) * p.host_flops
         for p in programs.train_programs(run) + programs.eval_and_method_programs(run)
     )
     peak = local_target().peak("bfloat16")

@@ -37,7 +37,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import minimal_step
 
 from aepg_jax.config import schema
-from aepg_jax.plan import analysis, programs, project, report, shapes, targets
+from aepg_jax.plan import programs, project, report, shapes, targets
 
 GiB = targets.GiB
 
@@ -71,7 +71,7 @@ def ours(cfg_path: str, tasks: int, method: str, dtype: str, specs: list[str], o
     run = shapes.shape_run(cfg)
     progs = report.all_programs(run)
     counts = project.calls(run)
-    run_flops = sum(counts.get(p.name, 0) * analysis.host_flops(p) for p in progs)
+    run_flops = sum(counts.get(p.name, 0) * p.host_flops for p in progs)
     for spec in specs:
         target = targets.parse(spec)
         schema.validate(cfg, target.num_devices)
@@ -118,12 +118,12 @@ def host_flops(cfg_path: str, tasks: int, methods: list[str], dtype: str, batch:
     step, args, donate = minimal_step.minimal_program("vit_b16", batch, dtype)
     layouts = (programs.REPLICATED,) * 3 + (programs.BATCH,) * 2
     minimal_prog = programs.Program("minimal step", "train", step, args, layouts, donate, batch)
-    base = analysis.host_flops(minimal_prog) / batch
+    base = minimal_prog.host_flops / batch
     for method in methods:
         cfg = schema.from_file(cfg_path, f"tasks={tasks},method={method}")
         cfg.model.init, cfg.model.dtype = "random", dtype
         program = report.all_programs(shapes.shape_run(cfg))[0]
-        ours_flops = analysis.host_flops(program) / program.images
+        ours_flops = program.host_flops / program.images
         row = {
             "kind": "host_flops",
             "method": method,

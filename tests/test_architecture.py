@@ -127,6 +127,44 @@ def test_the_top_level_holds_at_most_eight_modules():
     assert {"main", "losses", "schedules"} <= set(top)
 
 
+def _module_dicts_keyed_by_id(tree: ast.Module) -> set[str]:
+    """Module-level dicts that are indexed (`d[id(x)]`, `d.get(id(x))`, ...) by an `id(...)`."""
+    dicts = set()
+    for node in tree.body:
+        value = getattr(node, "value", None)
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(value, ast.Dict):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            dicts |= {t.id for t in targets if isinstance(t, ast.Name)}
+
+    def is_id(n) -> bool:
+        return isinstance(n, ast.Call) and getattr(n.func, "id", None) == "id"
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and is_id(node.slice):
+            found.add(getattr(node.value, "id", None))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.args and is_id(node.args[0]):
+                found.add(getattr(node.func.value, "id", None))
+    return dicts & found
+
+
+def test_the_continual_trainer_reads_in_one_module():
+    """At most 8 modules in continual/; `trainer` holds both the task loop (`run`) and the step
+    loop (`train_task`); no module of the package keeps a cache keyed by `id(...)`."""
+    modules = sorted(p.stem for p in (PACKAGE / "continual").glob("*.py"))
+    assert len(modules) <= 8, modules
+    tree = ast.parse((PACKAGE / "continual" / "trainer.py").read_text())
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert {"run", "train_task", "evaluate", "build_programs"} <= defined
+    keyed_by_id = [
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for path in PACKAGE.rglob("*.py")
+        for name in _module_dicts_keyed_by_id(ast.parse(path.read_text()))
+    ]
+    assert not keyed_by_id, keyed_by_id
+
+
 def test_the_flat_layouts_names_still_import():
     import aepg_jax
     from aepg_jax import config_args, config_lib, paper  # the names old config files use

@@ -96,12 +96,12 @@ def test_known_dataset_sizes_give_the_papers_task_split(tmp_path):
 
 
 def test_host_flops_per_image_match_the_analytic_count(tmp_path):
-    from aepg_jax.plan import analysis, programs, shapes
+    from aepg_jax.plan import programs, shapes
 
     cfg = _cfg(tmp_path, **WIDE)
     run = shapes.shape_run(cfg)
     program = programs.train_programs(run)[0]
-    per_image = analysis.host_flops(program) / program.images
+    per_image = program.host_flops / program.images
     want = analytic_flops(cfg, run.head_sizes[0])
     assert per_image == pytest.approx(want, rel=0.02)
 

@@ -95,19 +95,6 @@ def collectives(hlo_text: str) -> dict:
     return dict(out)
 
 
-_host_flops: dict[int, tuple[Program, float]] = {}
-
-
-def host_flops(program: Program) -> float:
-    """Global FLOPs per call of `program` lowered for one host CPU device (no compile: the cost
-    analysis of the lowered module; cached per program object)."""
-    if id(program) not in _host_flops:
-        mesh = loader.data_mesh(jax.devices("cpu")[:1])
-        flops = float(program.lower(mesh).cost_analysis()["flops"])
-        _host_flops[id(program)] = (program, flops)  # the program kept alive: ids stay unique
-    return _host_flops[id(program)][1]
-
-
 def compile_cost(program: Program, target: Target) -> Cost:
     """Compiles `program` for `target`; raises `DoesNotFit` when XLA runs out of HBM."""
     mesh = Mesh(np.asarray(target.devices), (loader.DATA_AXIS,))
@@ -126,7 +113,7 @@ def compile_cost(program: Program, target: Target) -> Cost:
         flops = float(cost.get("flops", 0.0)) * n
         accessed = float(cost.get("bytes accessed", 0.0)) * n
     else:
-        flops = host_flops(program)
+        flops = program.host_flops
         modules = compiled.runtime_executable().hlo_modules()
         client = jax.devices("cpu")[0].client
         from jax._src.lib import _jax

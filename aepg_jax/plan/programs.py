@@ -16,6 +16,7 @@ both; its memory is that of the larger branch). Arguments are host trees whose l
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +61,13 @@ class Program:
 
     def lower(self, mesh: Mesh) -> jax.stages.Lowered:
         return jax.jit(self.fn, donate_argnums=self.donate).lower(*self.sharded(mesh))
+
+    @functools.cached_property
+    def host_flops(self) -> float:
+        """Global FLOPs per call lowered for one host CPU device (no compile: the cost analysis
+        of the lowered module; computed once per program)."""
+        mesh = loader.data_mesh(jax.devices("cpu")[:1])
+        return float(self.lower(mesh).cost_analysis()["flops"])
 
 
 def _batch(run: Run, batch_size: int, stacked: bool, mask: bool) -> dict[str, Any]:
