@@ -74,8 +74,8 @@ def _quiet_orbax(record: pylogging.LogRecord) -> bool:
 
 
 def select_trainer(cfg):
-    """The (validate, run) pair of `cfg.trainer` (configs without the field are continual)."""
-    name = cfg.get("trainer", "continual")
+    """The (validate, run) pair of `cfg.trainer`."""
+    name = cfg.trainer
     if name not in TRAINERS:
         raise ValueError(f"trainer={name!r} is unknown; use one of {', '.join(TRAINERS)}.")
     return TRAINERS[name]
@@ -125,9 +125,14 @@ def check_or_save_config(cfg, workdir: str) -> None:
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
-        saved.setdefault("trainer", "continual")  # saved before configs had the field
-        if "tensorboard" in current:
-            saved.setdefault("tensorboard", True)  # likewise
+        lacks = [k for k in ("trainer", "tensorboard") if k in current and k not in saved]
+        if lacks and has_checkpoint(workdir):  # saved before configs had these fields
+            tag = command_line.FLAT_NAMES_VERSION
+            raise ValueError(
+                f"{workdir} holds a run of aepg_jax <= {tag} (its config.json has no "
+                f"{' or '.join(lacks)}); resume it with that version (git checkout {tag}) or "
+                "use a new --workdir."
+            )
         a, b = _flatten(saved), _flatten(current)
         diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
         if not diff:

@@ -1,5 +1,6 @@
 """The package's shape (docs/architecture.md): no import circles, a short top level, the six
-commands' `--help`, and the flat layout's module names still importable by old config files."""
+commands' `--help`, no code outside data/ naming a data source, and files of the flat layout
+(`from aepg_jax import config_lib`) refused in one line naming the last version that reads them."""
 
 from __future__ import annotations
 
@@ -165,32 +166,97 @@ def test_the_continual_trainer_reads_in_one_module():
     assert not keyed_by_id, keyed_by_id
 
 
-def test_the_flat_layouts_names_still_import():
+OLD_IMPORTS = {
+    "from aepg_jax import config_lib": "config_lib",
+    "import aepg_jax.config_args": "config_args",
+    "from aepg_jax.paper import EXPERIMENTS": "paper",
+    "import aepg_jax\nX = aepg_jax.sweep_layout": "sweep_layout",
+}
+
+
+def test_the_flat_layouts_names_are_gone():
     import aepg_jax
-    from aepg_jax import config_args, config_lib, paper  # the names old config files use
-    from aepg_jax.config import arguments, schema
-    from aepg_jax.experiments import paper as moved_paper
 
-    assert config_lib is schema and config_args is arguments and paper is moved_paper
-    with pytest.raises(AttributeError, match="no_such_module"):
-        aepg_jax.no_such_module  # noqa: B018
+    with pytest.raises(ImportError):
+        from aepg_jax import config_lib  # noqa: F401
+    assert not hasattr(aepg_jax, "paper")
 
 
-def test_a_config_file_written_for_the_flat_layout_loads(tmp_path):
+@pytest.mark.parametrize("source", OLD_IMPORTS)
+def test_a_file_of_the_flat_layout_is_refused_in_one_line(tmp_path, monkeypatch, source):
+    """A config file of aepg_jax <= v0.1.0-flat-names (`from aepg_jax import config_lib`):
+    one line naming the module that holds the name now and the tag that still reads it."""
+    from aepg_jax.config import command_line, schema
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "old.py").write_text(
+        f"{source}\n\ndef get_config(arg=None):\n    pass\n"
+    )
+    with pytest.raises((ImportError, AttributeError)) as err:
+        schema.from_file("configs/old.py")
+    name = OLD_IMPORTS[source]
+    line = command_line.describe(["main", "--config=configs/old.py"], err.value)
+    assert line == (
+        f"configs/old.py imports aepg_jax.{name}, a module name of aepg_jax <= "
+        f"v0.1.0-flat-names; use {command_line.OLD_NAMES[name]} (the module that holds it now, "
+        "docs/architecture.md) or check out that tag (git checkout v0.1.0-flat-names)."
+    )
+    # An error that is no old name is left to the other descriptions.
+    assert command_line.old_name_refusal(ImportError("No module named 'torch'"), "x.py") is None
+    assert (
+        command_line.old_name_refusal(ImportError("No module named 'aepg_jax.nope'"), "x") is None
+    )
+
+
+def test_main_and_sweep_refuse_a_file_of_the_flat_layout(tmp_path):
     old = tmp_path / "old_config.py"
     old.write_text(
         "from aepg_jax import config_lib\n\n"
         "def get_config(arg=None):\n"
-        "    c = config_lib.base_config()\n"
-        "    c.seed = 7\n"
-        "    return c\n"
+        "    return config_lib.base_config()\n"
     )
-    from aepg_jax.config import schema
+    out = subprocess.run(
+        [sys.executable, "-m", "aepg_jax.main", f"--config={old}", f"--workdir={tmp_path}/w"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"error: {old} imports aepg_jax.config_lib, a module name of aepg_jax <= "
+        "v0.1.0-flat-names; use aepg_jax.config.schema (the module that holds it now, "
+        "docs/architecture.md) or check out that tag (git checkout v0.1.0-flat-names)."
+    ]
+    from aepg_jax.experiments import registry
 
-    namespace: dict = {}
-    exec(compile(old.read_text(), str(old), "exec"), namespace)
-    c = namespace["get_config"]()
-    assert c.seed == 7 and set(c.keys()) == set(schema.base_config().keys())
+    experiment = tmp_path / "old_experiment.py"
+    experiment.write_text("from aepg_jax import paper\n\nEXPERIMENT = paper.EXPERIMENTS[0]\n")
+    with pytest.raises(ValueError, match=r"imports aepg_jax\.paper, .* <= v0\.1\.0-flat-names; "):
+        registry.get(str(experiment))
+
+
+def _source_branches(path: pathlib.Path) -> int:
+    """Comparisons of an attribute `source` (`d.source == "digits"`, `x.source in (...)`)."""
+    return sum(
+        isinstance(node, ast.Compare)
+        and any(
+            isinstance(side, ast.Attribute) and side.attr == "source"
+            for side in (node.left, *node.comparators)
+        )
+        for node in ast.walk(ast.parse(path.read_text()))
+    )
+
+
+def test_only_data_names_the_data_sources():
+    """Datasets are registered in data/datasets.py: code outside data/ asks the registry and
+    never branches on `data.source`."""
+    found = {
+        name: n
+        for name, path in _modules().items()
+        if not name.startswith("aepg_jax.data") and (n := _source_branches(path))
+    }
+    assert not found, found
 
 
 @pytest.mark.parametrize("command", COMMANDS)

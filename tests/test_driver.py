@@ -110,6 +110,29 @@ def test_other_config_in_existing_workdir_is_refused(tmp_path):
         main.check_or_save_config(other, str(tmp_path / "run"))
 
 
+def test_a_workdir_saved_before_the_trainer_field_is_refused(tmp_path):
+    """A config.json without `trainer` / `tensorboard` (aepg_jax <= v0.1.0-flat-names read it
+    as continual / True): a run with a checkpoint is refused naming that tag; a failed start
+    (no checkpoint) gets the current config."""
+    cfg = tiny_config(tmp_path / "cache")
+    run = tmp_path / "run"
+    main.check_or_save_config(cfg, str(run))
+    saved = json.loads((run / "config.json").read_text())
+    del saved["trainer"], saved["tensorboard"]
+    (run / "config.json").write_text(json.dumps(saved))
+    os.makedirs(run / "checkpoints" / "8")
+    with pytest.raises(ValueError) as err:
+        main.check_or_save_config(cfg, str(run))
+    assert str(err.value) == (
+        f"{run} holds a run of aepg_jax <= v0.1.0-flat-names (its config.json has no trainer or "
+        "tensorboard); resume it with that version (git checkout v0.1.0-flat-names) or use a "
+        "new --workdir."
+    )
+    os.rmdir(run / "checkpoints" / "8")
+    main.check_or_save_config(cfg, str(run))
+    assert json.loads((run / "config.json").read_text())["trainer"] == "continual"
+
+
 def test_validation_errors_are_actionable(tmp_path):
     cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 11})
     with pytest.raises(ValueError, match=r"data.num_tasks=11 exceeds the dataset's 10 classes"):

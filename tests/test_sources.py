@@ -149,3 +149,47 @@ def test_load_dataset_dispatches_every_source(tmp_path):
         datasets.load_dataset("tfds")
     with pytest.raises(ValueError, match="Unknown data source 'cifar'; valid: digits"):
         datasets.load_dataset("cifar")
+
+
+def test_the_registry_answers_what_code_outside_data_asks():
+    """Every source is one `SourceSpec`; the config checks, the caches' names, the planner's
+    size key and the split-file rule come from it (nothing outside data/ names a source)."""
+    import ml_collections
+
+    from aepg_jax.data import datasets
+
+    assert datasets.SOURCES == ("digits", "fashion_mnist", "folder", "tfds")
+    assert datasets.sources_for("scratch") == ("digits", "fashion_mnist", "tfds")
+
+    def block(**kw):
+        fields = dict(source="digits", name=None, data_dir=None, split_seed=3, split_file=None)
+        return ml_collections.ConfigDict({**fields, **kw})
+
+    assert datasets.config_problems(block()) == []
+    assert datasets.config_problems(block(source="cifar")) == [
+        "data.source='cifar' is unknown; use one of digits, fashion_mnist, folder, tfds."
+    ]
+    assert datasets.config_problems(block(source="folder")) == [
+        "data.source=folder needs data.data_dir=<image folder root>."
+    ]
+    assert datasets.config_problems(block(source="folder", data_dir="x")) == []
+    assert datasets.config_problems(block(source="tfds")) == [
+        "data.source=tfds needs data.name=<tfds name>."
+    ]
+    assert datasets.config_problems(block(source="folder", data_dir="x"), "scratch") == [
+        "data.source='folder' is unknown; use one of digits, fashion_mnist, tfds."
+    ]
+
+    digits = datasets.load_configured(block())
+    assert datasets.run_name(block(), digits) == "digits-split3"
+    cifar = Dataset("cifar10", digits.train, digits.test, digits.class_names)
+    assert datasets.run_name(block(source="tfds", name="cifar10"), cifar) == "cifar10"
+    assert datasets.size_key(block(source="tfds", name="cifar10")) == "cifar10"
+    assert datasets.size_key(block(source="fashion_mnist")) == "fashion_mnist"
+    assert datasets.size_key(block(source="folder", name="clrs25")) == "folder"
+    train, test, classes = datasets.shipped_labels(block())
+    np.testing.assert_array_equal(train, digits.train.labels)
+    np.testing.assert_array_equal(test, digits.test.labels)
+    assert classes == 10
+    assert datasets.shipped_labels(block(source="tfds", name="cifar10")) is None
+    assert [s for s in datasets.SOURCES if datasets.takes_split_file(block(source=s))] == ["folder"]

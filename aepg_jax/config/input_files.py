@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 
 from aepg_jax.checkpoints import augreg, hub, timm, weights
+from aepg_jax.data import datasets
 from aepg_jax.models import vit
 
 AUGREG_FILE = (
@@ -172,7 +173,7 @@ def problems(cfg: ml_collections.ConfigDict) -> list[str]:
             p.append(problem)
     split_file = cfg.data.get("split_file")
     if split_file:
-        if cfg.data.source != "folder":
+        if not datasets.takes_split_file(cfg.data):
             p.append(
                 f"data.split_file={split_file} applies to data.source=folder only (data.source="
                 f"{cfg.data.source}); unset it."

@@ -196,8 +196,8 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     float field must also be finite and within float32's range)."""
     p: list[str] = []
     validation.check(
-        cfg.get("trainer", "continual") == "continual",
-        f"trainer={cfg.get('trainer')!r}: this config schema is the continual trainer's.",
+        cfg.trainer == "continual",
+        f"trainer={cfg.trainer!r}: this config schema is the continual trainer's.",
         p,
     )
     validation.float_problems(cfg, p)

@@ -70,17 +70,7 @@ def seeds(fields: dict[str, object], p: list[str]) -> None:
 
 def data_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
     d = cfg.data
-    check(
-        d.source in datasets.SOURCES,
-        f"data.source={d.source!r} is unknown; use one of {', '.join(datasets.SOURCES)}.",
-        p,
-    )
-    check(
-        d.source != "folder" or bool(d.data_dir),
-        "data.source=folder needs data.data_dir=<image folder root>.",
-        p,
-    )
-    check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=<tfds name>.", p)
+    p.extend(datasets.config_problems(d))
     positive_ints({"num_seeds": cfg.num_seeds, "data.num_tasks": d.num_tasks}, p)
     positive_ints({"data.store_size": d.store_size}, p)
     seeds(

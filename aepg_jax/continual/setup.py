@@ -57,7 +57,7 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> RunData:
     ds = datasets.load_configured(d)
     schema.validate_against_dataset(cfg, len(ds.class_names))
     root = os.path.expanduser(d.cache_dir)
-    name = ds.name if d.source != "digits" else f"digits-split{d.split_seed}"
+    name = datasets.run_name(d, ds)
     built = {
         split: cache.load_or_build(
             getattr(ds, split),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 
+from aepg_jax.config import command_line
 from aepg_jax.experiments import paper
 from aepg_jax.experiments.spec import Experiment
 
@@ -26,7 +27,13 @@ def get(name: str) -> Experiment:
             raise ValueError(f"--experiment={name}: no such file.")
         spec = importlib.util.spec_from_file_location(f"_experiment_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except (ImportError, AttributeError) as err:
+            refusal = command_line.old_name_refusal(err, name)
+            if refusal:
+                raise ValueError(refusal) from None
+            raise
         if not isinstance(getattr(module, "EXPERIMENT", None), Experiment):
             raise ValueError(
                 f"--experiment={name}: the file defines no EXPERIMENT = Experiment(...)."

@@ -15,12 +15,12 @@ Tasks are taken as equal shares of the dataset's training and test examples.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import ml_collections
 
 from aepg_jax import methods
+from aepg_jax.data import datasets
 
 
 def forward_flops(model: ml_collections.ConfigDict) -> float:
@@ -31,29 +31,22 @@ def forward_flops(model: ml_collections.ConfigDict) -> float:
     return float(embed + depth * (2 * n * (4 * d * d + 2 * d * m) + 4 * n * n * d))
 
 
-@functools.cache
-def _digits_sizes(split_seed: int) -> tuple[int, int]:
-    from aepg_jax.data import embedded
-
-    ds = embedded.load_digits(split_seed)
-    return len(ds.train.labels), len(ds.test.labels)
-
-
 def dataset_sizes(cfg: ml_collections.ConfigDict) -> tuple[int, int] | None:
     """(train, test) examples of the config's dataset; None where unknown."""
     from aepg_jax.plan import shapes
 
     d = cfg.data
-    if d.source == "digits":
-        return _digits_sizes(d.split_seed)
-    found = shapes.SIZES.get(d.name if d.source == "tfds" else d.source)
+    shipped = datasets.shipped_labels(d)
+    if shipped is not None:
+        return len(shipped[0]), len(shipped[1])
+    found = shapes.SIZES.get(datasets.size_key(d))
     return None if found is None else found[:2]
 
 
 def run_flops(cfg: ml_collections.ConfigDict) -> float | None:
     """The run's estimated FLOPs (module docstring); None for a config it cannot size (a
     trainer other than the continual one, an unknown dataset)."""
-    if cfg.get("trainer", "continual") != "continual":
+    if cfg.trainer != "continual":
         return None
     sizes = dataset_sizes(cfg)
     if sizes is None:
@@ -72,7 +65,7 @@ def run_flops(cfg: ml_collections.ConfigDict) -> float | None:
     images = train * o.batch_size
     images += method.eval_forwards * n_test / tasks * tasks * (tasks + 1) / 2
     images += method.task_data_passes * n_train
-    return images * forward_flops(cfg.model) * max(1, cfg.get("num_seeds", 1))
+    return images * forward_flops(cfg.model) * cfg.num_seeds
 
 
 def describe(flops: float | None) -> str:

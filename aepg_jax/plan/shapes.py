@@ -22,9 +22,10 @@ import numpy as np
 
 from aepg_jax.config import schema
 from aepg_jax.continual import setup
-from aepg_jax.data import embedded, loader, splits
+from aepg_jax.data import datasets, loader, splits
 
-# TFDS name (or source) -> (train examples, test examples, classes) of our splits.
+# `datasets.size_key` (a TFDS name, or a source) -> (train examples, test examples, classes) of
+# our splits.
 SIZES: dict[str, tuple[int, int, int]] = {
     "imagenet_r": (24_000, 6_000, 200),  # test[:80%] / test[80%:] of 30,000
     "food101": (75_750, 25_250, 101),
@@ -40,12 +41,11 @@ def dataset_labels(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """`(train labels, test labels, classes)` of the config's dataset (see module docstring)."""
     d = cfg.data
-    if sizes is None and d.source == "digits":
-        ds = embedded.load_digits(d.split_seed)
-        return np.asarray(ds.train.labels), np.asarray(ds.test.labels), len(ds.class_names)
-    key = d.name if d.source == "tfds" else d.source
     if sizes is None:
-        sizes = SIZES.get(key)
+        shipped = datasets.shipped_labels(d)
+        if shipped is not None:
+            return shipped
+        sizes = SIZES.get(datasets.size_key(d))
     if sizes is None:
         raise ValueError(
             f"data.source={d.source} (data.name={d.name}): the plan reads no data and knows no "

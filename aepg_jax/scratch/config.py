@@ -43,9 +43,8 @@ from ml_collections import config_dict
 from aepg_jax import losses, schedules
 from aepg_jax.config import schema, validation
 from aepg_jax.config.validation import check
+from aepg_jax.data import datasets
 from aepg_jax.models import resnet
-
-SOURCES = ("tfds", "fashion_mnist", "digits")
 
 
 def base_config(preset: str = "resnet50") -> ml_collections.ConfigDict:
@@ -100,8 +99,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     check(cfg.trainer == "scratch", f"trainer={cfg.trainer!r}: this config is 'scratch'.", p)
     check(cfg.num_seeds >= 1, f"num_seeds={cfg.num_seeds} must be >= 1.", p)
     validation.float_problems(cfg, p)
-    check(d.source in SOURCES, f"data.source={d.source!r}: use one of {SOURCES}.", p)
-    check(d.source != "tfds" or bool(d.name), "data.source=tfds needs data.name=cifar10|...", p)
+    p.extend(datasets.config_problems(d, "scratch"))
     check(d.image_size >= 1, f"data.image_size={d.image_size} must be >= 1.", p)
     check(d.pad >= 0, f"data.pad={d.pad} must be >= 0 (0: no random crop).", p)
     check(0.0 <= d.flip_prob <= 1.0, f"data.flip_prob={d.flip_prob} must be in [0, 1].", p)

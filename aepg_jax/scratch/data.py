@@ -59,7 +59,7 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> ScratchData:
     """Loads and caches the dataset of `cfg.data`; computes mean/std unless they are set."""
     d = cfg.data
     ds = datasets.load_configured(d)
-    name = ds.name if d.source != "digits" else f"digits-split{d.split_seed}"
+    name = datasets.run_name(d, ds)
     built = {
         split: cache.load_or_build(
             getattr(ds, split),
