@@ -34,9 +34,8 @@ from aepg_jax.runs.seeds import SeedAxis
 
 Params = dict[str, Any]
 
-# Version of the checkpointed state's layout; a checkpoint of another layout is refused.
-# 2: the method's state is `TrainState.method_state` (1 had `offline_peft` and an `lwf` item).
-# 3: run-static shapes: every task's head from the start, the method state from task 0.
+# Version of the checkpointed state's layout (every task's head from the start, the method's
+# state in `TrainState.method_state` from task 0); a checkpoint of another layout is refused.
 STATE_LAYOUT = 3
 
 
