@@ -11,7 +11,9 @@ checkpoint; a different config on an existing run's workdir is refused once that
 checkpoint (before its first checkpoint, e.g. after a failed start, the corrected config replaces
 the saved one). A run holds its workdir's lock while it runs (`runs/lock.py`): a second run on
 the same workdir exits 2 with one line naming the holder. Ctrl-C ends the run with one line
-saying where it stopped, exit code 130.
+saying where it stopped, exit code 130. SIGTERM and SIGUSR1 (what SLURM, spot VMs and
+preemptible TPUs send) finish the current step, write a checkpoint and end the run with one line,
+exit code 143 or 138 (`system/preemption.py`); the same command resumes it.
 Multi-host: pass `--config.distributed=True` (or set JAX_COORDINATOR_ADDRESS) to call
 `jax.distributed.initialize()` first; `python -m aepg_jax.launch` starts several processes on
 one machine (`hosts.py`). Without an accelerator the glibc allocator keeps freed pages mapped
@@ -37,7 +39,7 @@ from aepg_jax.continual import trainer as continual_trainer
 from aepg_jax.runs import checkpointing, lock
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import trainer as scratch_trainer
-from aepg_jax.system import cli, hosts, memory, progress
+from aepg_jax.system import cli, hosts, memory, preemption, progress
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, configs/<name>.py[:args].", lock_config=True
@@ -173,9 +175,12 @@ def main(argv: list[str]) -> None:
     except ValueError as err:  # the same on every process: printed once (cli.fail)
         cli.fail(str(err), exit_fn=hosts.leave, shared=True)
     try:
-        execute(cfg, workdir, validated=True)
+        with preemption.catch():
+            execute(cfg, workdir, validated=True)
     except KeyboardInterrupt:
         _interrupted()
+    except preemption.Preempted as stop:
+        _preempted(stop)
     except Exception as err:
         _fail(err)
 
@@ -203,6 +208,17 @@ def _interrupted() -> None:
     sys.stderr.flush()
     # No interpreter shutdown: background threads (Orbax's, XLA's) may still hold the process.
     os._exit(EXIT_INTERRUPTED)
+
+
+def _preempted(stop: preemption.Preempted) -> None:
+    """SIGTERM / SIGUSR1: one line saying where the run stopped and that rerunning resumes it,
+    exit status 128 + the signal's number (the run's checkpoint is written, its lock free)."""
+    for bar in list(getattr(tqdm.tqdm, "_instances", ())):
+        bar.close()
+    sys.stdout.flush()
+    if jax.process_index() == 0:
+        print(f"{stop}; run the same command to resume", file=sys.stderr, flush=True)
+    hosts.leave(stop.status, at_once=True)  # Orbax's and XLA's threads need no goodbye
 
 
 def _fail(err: Exception) -> None:

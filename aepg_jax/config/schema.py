@@ -87,6 +87,9 @@ Fields (defaults in brackets):
                                only, as InfLoRA-b5's code); InfLoRA ignores model.peft too
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
+  checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has
+                               passed since the last: what a SIGKILL without warning can lose
+                               (SIGTERM / SIGUSR1 checkpoint at once, docs/running.md); 0: off
   tensorboard [True]           also write metrics.jsonl's numbers and the config as TensorBoard
                                event files in the workdir (`tensorboard --logdir=WORKDIR`, or a
                                sweep's DIR for all its runs by name); False: metrics.jsonl only
@@ -165,6 +168,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
     c.eval = dict(batch_size=256)
     c.log_every_steps = 50
     c.checkpoint_every_steps = 0
+    c.checkpoint_every_minutes = 30.0
     c.tensorboard = True
     c.max_steps_per_task = config_dict.placeholder(int)
     c.distributed = False
@@ -217,6 +221,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     validation.check(
         validation.is_int(cfg.checkpoint_every_steps) and cfg.checkpoint_every_steps >= 0,
         f"checkpoint_every_steps={cfg.checkpoint_every_steps} must be >= 0 (0: per task).",
+        p,
+    )
+    validation.check(
+        cfg.checkpoint_every_minutes >= 0,
+        f"checkpoint_every_minutes={cfg.checkpoint_every_minutes} must be >= 0 (0: off).",
         p,
     )
     validation.check(

@@ -51,7 +51,7 @@ from aepg_jax.continual.setup import Run
 from aepg_jax.data import loader, splits
 from aepg_jax.models import partition
 from aepg_jax.runs import checkpointing
-from aepg_jax.system import compiles, progress
+from aepg_jax.system import compiles, preemption, progress
 
 TrainState = steps.TrainState
 Chunks = Iterator[tuple[TrainState, int, int, dict]]  # (state, task step, k steps, metrics)
@@ -480,7 +480,8 @@ def train_task(
         disable=not run.is_main,
     )
     log = _Logger(run, book, t, plan, start_step)
-    every = cfg.checkpoint_every_steps
+    every, minutes = cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes
+    last_save = time.monotonic()
     progress.at(task=f"{t + 1}/{run.num_tasks}", step=f"{start_step}/{plan.total_steps}")
     for state, step, k, metrics_chunk in stream:
         if step - k == start_step:  # the first call compiled the step: the clock starts now
@@ -491,12 +492,25 @@ def train_task(
         progress.at(task=f"{t + 1}/{run.num_tasks}", step=f"{step}/{plan.total_steps}")
         if log(state, step, k, metrics_chunk, bar):
             check_finite(run, state, t, ckpt)
-        if every and step // every > (step - k) // every and step < plan.total_steps:
+        if step == plan.total_steps:
+            break  # the task's own checkpoint follows its evaluation
+        periodic = bool(every) and step // every > (step - k) // every
+        timed = minutes > 0 and time.monotonic() - last_save >= 60.0 * minutes
+        signum, timed = preemption.agree(timed)
+        if periodic or timed or signum:
             check_finite(run, state, t, ckpt)
+            global_step = run.axis.first(state.global_step)
             ckpt.save(
-                run.axis.first(state.global_step),
-                {"state": state},
-                book.meta(t, "in_task", step // plan.steps_per_epoch),
+                global_step, {"state": state}, book.meta(t, "in_task", step // plan.steps_per_epoch)
+            )
+            last_save = time.monotonic()
+        if signum:
+            bar.close()
+            ckpt.wait()
+            raise preemption.Preempted(
+                signum,
+                f"at task {t + 1}/{run.num_tasks}, step {step}/{plan.total_steps} (checkpoint "
+                f"{global_step} in {ckpt.directory})",
             )
     bar.close()
     check_finite(run, state, t, ckpt)
@@ -559,6 +573,16 @@ def evaluate(run: Run, programs: Programs, task: int, state: TrainState, book: B
 # The run.
 
 
+def _stop_if_requested(run: Run, ckpt: checkpointing.Checkpointer, where: str) -> None:
+    """Raises `Preempted` when a stop signal arrived (outside a task's steps: everything done
+    so far is in the newest checkpoint)."""
+    signum, _ = preemption.agree(False)
+    if signum:
+        saved = ckpt.steps()
+        last = f"checkpoint {saved[-1]} in {ckpt.directory}" if saved else "no checkpoint yet"
+        raise preemption.Preempted(signum, f"{where} ({last})")
+
+
 def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs (or resumes) the continual experiment `cfg` in `workdir`; returns its results.
 
@@ -575,6 +599,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         try:
             state, start_task, start_step = restore(r, book, ckpt)
             for t in range(start_task, r.num_tasks):
+                _stop_if_requested(r, ckpt, f"before task {t + 1}/{r.num_tasks}")
                 if start_step == 0:
                     state = begin_task(r, t, state)
                 if t == start_task:  # before the first training step of this process

@@ -1,0 +1,76 @@
+"""Preemption: a run told to stop (SIGTERM, SIGUSR1) stops at its next step, checkpointed.
+
+SLURM (on `scancel`, a time limit, `scontrol requeue` or preemption), spot VMs and preemptible
+TPUs send SIGTERM and, after a grace period, SIGKILL; an sbatch `--signal=B:USR1@<seconds>`
+asks for SIGUSR1 ahead of the time limit. Inside `catch()` these signals are recorded instead
+of ending the process: the trainers ask `requested()` after every step, write a checkpoint and
+raise `Preempted`, and `aepg_jax.main` and `aepg_jax.sweep` end with one line and exit status
+`128 + signal number` (143 for SIGTERM, 138 for SIGUSR1), what a shell reports for a process
+that the signal ended. Running the same command again resumes exactly.
+
+Signals reach a process, not a function: the handler writes the one fact that the signal
+arrived into this module's `_received`, which `catch()` owns (set on entry, cleared on exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+_received: list[int] = []  # the signals received inside `catch()`, first one first
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after writing what it needs to resume."""
+
+    def __init__(self, signum: int, where: str):
+        self.signum = signum
+        self.status = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} {where}")
+
+
+def requested() -> int | None:
+    """The first signal received inside `catch()`, or None."""
+    return _received[0] if _received else None
+
+
+def agree(checkpoint_due: bool) -> tuple[int | None, bool]:
+    """`(requested(), checkpoint_due)` as every process of the run sees them: a checkpoint is
+    a collective, so one process's signal or clock decides for all (one small all-gather with
+    several processes, none with one)."""
+    signum = requested()
+    if jax.process_count() == 1:
+        return signum, checkpoint_due
+    both = multihost_utils.process_allgather(
+        np.asarray([signum or 0, int(checkpoint_due)], np.int32)
+    )
+    return int(both[:, 0].max()) or None, bool(both[:, 1].max())
+
+
+@contextlib.contextmanager
+def catch(signals: tuple[int, ...] = SIGNALS) -> Iterator[None]:
+    """Within the block, `signals` are recorded (`requested()`), not fatal. Outside the main
+    thread (where Python cannot install handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def record(signum, _frame):
+        _received.append(signum)
+
+    previous = {s: signal.signal(s, record) for s in signals}
+    _received.clear()
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _received.clear()

@@ -1,0 +1,130 @@
+"""Preemption loses at most one step: SIGTERM / SIGUSR1 make `aepg_jax.main` finish the current
+step, checkpoint it and exit with one line (status 128 + signal); the same command resumes to the
+results of an uninterrupted run, no training step recorded twice. A wall-clock interval adds
+checkpoints inside a task."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_user_facing import _message_lines
+from tiny import tiny_config, write_spec
+
+from aepg_jax.continual import trainer
+from aepg_jax.runs import checkpointing
+from aepg_jax.system import preemption
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OVERRIDES = {
+    "optim.epochs": 1000,
+    "data.num_tasks": 2,
+    "max_steps_per_task": 150,
+    "log_every_steps": 1,
+    "checkpoint_every_minutes": 0.0,
+}
+
+
+def _main(config: str, workdir, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "aepg_jax.main", f"--config={config}", f"--workdir={workdir}"],
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def _train_records(workdir) -> list[dict]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == "train"]
+
+
+def _stop_once_training(proc: subprocess.Popen, workdir, signum: int):
+    """Sends `signum` once the run has logged a training step; returns its end."""
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and '"train"' in metrics.read_text():
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    sent = time.time()
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    return proc.returncode, stderr, time.time() - sent
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)]
+)
+def test_a_stop_signal_checkpoints_the_step_and_the_rerun_resumes_exactly(tmp_path, signum):
+    cache = tmp_path / "cache"
+    reference = trainer.run(tiny_config(cache, **OVERRIDES), str(tmp_path / "straight"))
+
+    config = write_spec(tmp_path / "spec.json", cache, OVERRIDES)
+    workdir = tmp_path / "run"
+    status, stderr, seconds = _stop_once_training(_main(config, workdir), workdir, signum)
+    lines = _message_lines(stderr)
+    name = signal.Signals(signum).name
+    assert status == 128 + signum, stderr[-3000:]
+    assert "Traceback" not in stderr and len(lines) == 1, lines
+    assert seconds < 30
+    stopped = re.fullmatch(
+        rf"stopped by {name} at task (\d)/2, step (\d+)/150 \(checkpoint (\d+) in (.+)\); run "
+        "the same command to resume",
+        lines[0],
+    )
+    assert stopped, lines[0]
+    task, step, global_step = (int(stopped.group(i)) for i in (1, 2, 3))
+    assert global_step == (task - 1) * 150 + step
+    ckpt = checkpointing.Checkpointer(str(workdir / "checkpoints"))
+    assert ckpt.steps()[-1] == global_step
+    ckpt.close()
+    assert _train_records(workdir)[-1]["step"] == global_step  # nothing past the checkpoint
+
+    resumed = _main(config, workdir)
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    results = json.loads((workdir / "results.json").read_text())
+    assert results["accuracy_matrix"] == reference["accuracy_matrix"]
+    assert results["A_T"] == reference["A_T"]
+    steps = [r["step"] for r in _train_records(workdir)]
+    assert steps == sorted(set(steps)) == list(range(1, 2 * 150 + 1))  # each step once
+
+
+def test_a_wall_clock_interval_checkpoints_inside_a_task(tmp_path):
+    cfg = tiny_config(
+        tmp_path / "cache",
+        **{**OVERRIDES, "max_steps_per_task": 12, "checkpoint_every_minutes": 1e-9},
+    )
+    timed = trainer.run(cfg, str(tmp_path / "timed"))
+    ckpt = checkpointing.Checkpointer(str(tmp_path / "timed" / "checkpoints"))
+    # Every step checkpoints (the newest three are kept): 22 and 23 inside task 2, 24 its end.
+    assert ckpt.steps() == [22, 23, 24]
+    ckpt.close()
+    cfg.checkpoint_every_minutes = 0.0
+    plain = trainer.run(cfg, str(tmp_path / "plain"))
+    assert timed["accuracy_matrix"] == plain["accuracy_matrix"]
+
+
+def test_catch_records_the_first_signal_and_restores_the_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    with preemption.catch():
+        assert preemption.requested() is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert preemption.requested() == signal.SIGUSR1
+        assert preemption.agree(False) == (signal.SIGUSR1, False)
+    assert preemption.requested() is None
+    assert signal.getsignal(signal.SIGTERM) == before
+    stop = preemption.Preempted(signal.SIGTERM, "at task 1/2, step 3/4")
+    assert stop.status == 143 and str(stop) == "stopped by SIGTERM at task 1/2, step 3/4"
