@@ -59,7 +59,7 @@ def _stop_once_training(proc: subprocess.Popen, workdir, signum: int):
     assert proc.poll() is None, "the run ended before it could be stopped"
     sent = time.time()
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=120)
     return proc.returncode, stderr, time.time() - sent
 
 
