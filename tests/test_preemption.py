@@ -128,3 +128,19 @@ def test_catch_records_the_first_signal_and_restores_the_handlers():
     assert signal.getsignal(signal.SIGTERM) == before
     stop = preemption.Preempted(signal.SIGTERM, "at task 1/2, step 3/4")
     assert stop.status == 143 and str(stop) == "stopped by SIGTERM at task 1/2, step 3/4"
+
+
+def test_the_scratch_trainer_stops_inside_an_epoch_and_resumes_exactly(tmp_path):
+    from test_scratch import tiny_config as scratch_config
+
+    from aepg_jax.scratch import trainer as scratch_trainer
+
+    cfg = scratch_config(tmp_path / "cache", checkpoint_every_minutes=0.0)
+    reference = scratch_trainer.run(cfg, str(tmp_path / "straight"))
+    with preemption.catch():
+        os.kill(os.getpid(), signal.SIGTERM)  # recorded: the run stops after its first step
+        with pytest.raises(preemption.Preempted, match=r"at epoch 1/3, step 1/3 \(checkpoint 1 "):
+            scratch_trainer.run(cfg, str(tmp_path / "run"))
+    resumed = scratch_trainer.run(cfg, str(tmp_path / "run"))
+    for key in ("train_loss", "train_acc", "train_entropy", "test_acc", "test_entropy"):
+        assert resumed[key] == reference[key], key

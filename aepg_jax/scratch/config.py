@@ -29,6 +29,9 @@ Fields (defaults in brackets; docs/algorithm.md §9, §16):
   optim.epochs [350]
   eval.batch_size [1000]
   log_every_steps [50] / checkpoint_every_epochs [10] (and always after the last epoch)
+  checkpoint_every_minutes [30.0]  also a checkpoint inside an epoch once this much wall time has
+                               passed since the last (what a SIGKILL without warning can lose;
+                               SIGTERM / SIGUSR1 checkpoint at once); 0: off
   tensorboard [True]           also write metrics.jsonl's numbers and the config as TensorBoard
                                event files in the workdir; False: metrics.jsonl only
   max_steps_per_epoch [None]   cap on steps per epoch (smoke tests)
@@ -86,6 +89,7 @@ def base_config(preset: str = "resnet50") -> ml_collections.ConfigDict:
     c.eval = dict(batch_size=1000)
     c.log_every_steps = 50
     c.checkpoint_every_epochs = 10
+    c.checkpoint_every_minutes = 30.0
     c.tensorboard = True
     c.max_steps_per_epoch = config_dict.placeholder(int)
     c.distributed = False
@@ -155,6 +159,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     check(
         cfg.checkpoint_every_epochs >= 1,
         f"checkpoint_every_epochs={cfg.checkpoint_every_epochs} must be >= 1.",
+        p,
+    )
+    check(
+        cfg.checkpoint_every_minutes >= 0,
+        f"checkpoint_every_minutes={cfg.checkpoint_every_minutes} must be >= 0 (0: off).",
         p,
     )
     check(

@@ -14,7 +14,9 @@ single run of seed `seed + i` (its own init, data order and augmentation).
 
 Checkpoints (Orbax, `<workdir>/checkpoints/<step>/`) after every `checkpoint_every_epochs`
 epochs and the last: parameters, BatchNorm statistics, SGD momentum, step, RNG, and the
-per-epoch history. Re-running resumes after the newest one, with identical results.
+per-epoch history. Inside an epoch, one every `checkpoint_every_minutes` of wall time and one at
+the step a SIGTERM / SIGUSR1 arrived (then the run stops: `system/preemption.py`), each with the
+epoch's running train sums. Re-running resumes after the newest one, with identical results.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import data as scratch_data
 from aepg_jax.scratch import results as scratch_results
 from aepg_jax.scratch import train_step as ts
-from aepg_jax.system import environment, progress
+from aepg_jax.system import environment, preemption, progress
 
 
 def steps_per_epoch(num_examples: int, cfg: ml_collections.ConfigDict) -> int:
@@ -130,8 +132,12 @@ class _Run:
 
     # -- one epoch -----------------------------------------------------------------------------
 
-    def train_epoch(self, state: ts.TrainState, epoch: int) -> tuple[ts.TrainState, dict]:
-        """Trains one epoch; returns the state and per-seed (S,) train loss, acc %, entropy."""
+    def train_epoch(
+        self, state: ts.TrainState, epoch: int, start: int = 0, sums: dict | None = None
+    ) -> tuple[ts.TrainState, dict]:
+        """Trains one epoch from step `start` (with the train `sums` of steps before it);
+        returns the state and per-seed (S,) train loss, acc %, entropy. Checkpoints inside
+        the epoch on the wall-clock interval, and on a stop signal (then raises `Preempted`)."""
         cfg, n = self.cfg, self.steps_per_epoch
         batches = loader.iterate(
             self.data.train.images,
@@ -142,22 +148,24 @@ class _Run:
             train=True,
             seed=list(self.seeds) if self.vmapped else self.seeds[0],
             epoch=epoch,
+            start=start,
         )
-        sums, last_log, last_time = None, 0, time.time()
+        last_log, last_time = start, time.time()
         bar = progress.bar(
             n,
+            initial=start,
             desc=f"epoch {epoch + 1}/{cfg.optim.epochs}",
             unit="step",
             leave=False,
             disable=not self.is_main,
         )
-        for i, batch in zip(range(n), batches, strict=False):  # n may cap the epoch
+        for i, batch in zip(range(start, n), batches, strict=False):  # n may cap the epoch
             state, m = self.train_step(state, batch)
             keep = {k: m[k] for k in ("loss", "correct", "entropy_sum")}
             sums = keep if sums is None else jax.tree.map(jnp.add, sums, keep)
-            if i == 0:  # the first call may compile: the bar's clock starts after it
+            if i == start:  # the first call may compile: the bar's clock starts after it
                 jax.block_until_ready(m)
-                progress.started(bar, 1)
+                progress.started(bar, start + 1)
             else:
                 bar.update(1)
             step = epoch * n + i + 1
@@ -177,6 +185,8 @@ class _Run:
                         **{k: float(v[s]) for k, v in host.items()},
                     )  # fmt: skip
                 bar.set_postfix(loss=f"{np.mean(host['loss']):.3f}", lr=f"{host['lr'][0]:.3g}")
+            if i + 1 < n:
+                self.checkpoint_in_epoch(state, epoch, i + 1, sums, bar)
         bar.close()
         batches.close()
         examples = n * cfg.optim.batch_size
@@ -209,9 +219,12 @@ class _Run:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def meta(self, epochs_done: int) -> dict[str, Any]:
+    def meta(self, epochs_done: int, in_epoch: dict | None = None) -> dict[str, Any]:
+        """What a checkpoint stores beside the state; `in_epoch`: `{"step", "sums"}` of a
+        checkpoint inside epoch `epochs_done` (0-based), else None."""
         return {
             "epochs_done": epochs_done,
+            "in_epoch": in_epoch,
             "seeds": list(self.seeds),
             "history": self.history,
             "elapsed_s": self.elapsed_before + time.time() - self.started,
@@ -220,13 +233,40 @@ class _Run:
     def save(self, state: ts.TrainState, epochs_done: int) -> None:
         step = epochs_done * self.steps_per_epoch
         self.ckpt.save(step, {"state": state}, self.meta(epochs_done))
+        self.last_save = time.monotonic()
 
-    def restore(self) -> tuple[ts.TrainState, int]:
-        """(state, epochs done) of the newest checkpoint, or a fresh state and 0."""
+    def checkpoint_in_epoch(self, state, epoch: int, step: int, sums: dict, bar) -> None:
+        """After step `step` (< steps per epoch) of `epoch`: a checkpoint when the wall-clock
+        interval has passed or a stop signal arrived; on a signal, `Preempted` once written."""
+        minutes = self.cfg.checkpoint_every_minutes
+        timed = minutes > 0 and time.monotonic() - self.last_save >= 60.0 * minutes
+        signum, timed = preemption.agree(timed)
+        if not (signum or timed):
+            return
+        host = {k: np.asarray(jax.device_get(v)) for k, v in sums.items()}
+        in_epoch = {
+            "step": step,
+            "sums": {k: {"dtype": str(v.dtype), "values": v.tolist()} for k, v in host.items()},
+        }
+        global_step = epoch * self.steps_per_epoch + step
+        self.ckpt.save(global_step, {"state": state}, self.meta(epoch, in_epoch))
+        self.last_save = time.monotonic()
+        if signum:
+            bar.close()
+            self.ckpt.wait()
+            raise preemption.Preempted(
+                signum,
+                f"at epoch {epoch + 1}/{self.cfg.optim.epochs}, step {step}/"
+                f"{self.steps_per_epoch} (checkpoint {global_step} in {self.ckpt.directory})",
+            )
+
+    def restore(self) -> tuple[ts.TrainState, int, int, dict | None]:
+        """(state, epochs done, step within the next epoch, its train sums so far) of the
+        newest checkpoint, or a fresh state, 0, 0 and None."""
         fresh = self.init_state()
         restored = self.ckpt.restore_latest(lambda meta: {"state": fresh})
         if restored is None:
-            return fresh, 0
+            return fresh, 0, 0, None
         items, meta = restored
         state = items["state"]
         if meta["seeds"] != list(self.seeds):
@@ -236,11 +276,20 @@ class _Run:
             )
         self.history = meta["history"]
         self.elapsed_before = meta["elapsed_s"]
+        in_epoch = meta.get("in_epoch")
+        step, sums = 0, None
+        if in_epoch:
+            step = in_epoch["step"]
+            sums = {
+                k: jax.device_put(np.asarray(v["values"], v["dtype"]), self.replicated)
+                for k, v in in_epoch["sums"].items()
+            }
         if self.is_main:
+            where = f", step {step}" if in_epoch else ""
             tqdm.tqdm.write(
-                f"resuming from {self.ckpt.directory} after epoch {meta['epochs_done']}"
+                f"resuming from {self.ckpt.directory} after epoch {meta['epochs_done']}{where}"
             )
-        return jax.device_put(state, self.replicated), meta["epochs_done"]
+        return jax.device_put(state, self.replicated), meta["epochs_done"], step, sums
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -276,14 +325,22 @@ class _Run:
             )
 
     def run(self) -> dict[str, Any]:
-        self.started = time.time()
-        state, done = self.restore()
+        self.started, self.last_save = time.time(), time.monotonic()
+        state, done, start, sums = self.restore()
         epochs = self.cfg.optim.epochs
         for epoch in range(done, epochs):
-            state, train = self.train_epoch(state, epoch)
+            state, train = self.train_epoch(state, epoch, start, sums)
+            start, sums = 0, None
             self.record_epoch(epoch, train, self.evaluate(state))
-            if (epoch + 1) % self.cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs:
+            signum, _ = preemption.agree(False)
+            if (epoch + 1) % self.cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs or signum:
                 self.save(state, epoch + 1)
+            if signum and epoch + 1 < epochs:
+                self.ckpt.wait()
+                raise preemption.Preempted(
+                    signum,
+                    f"after epoch {epoch + 1}/{epochs} (checkpoint in {self.ckpt.directory})",
+                )
         self.ckpt.wait()
         return self.report(self.elapsed_before + time.time() - self.started)
 

@@ -6,7 +6,9 @@ own lock (`runs/lock.py`), held until the run ends, so no run directory is ever 
 processes. When every unfinished run is held by another worker it waits (AEPG_SWEEP_POLL_S
 seconds between looks) so that a run whose worker dies (its lock freed by the kernel, or its
 heartbeat gone stale) is claimed again and resumes from its checkpoint. It ends when every run
-is done or has failed since it started (a run that failed before is tried again).
+is done or has failed since it started (a run that failed before is tried again), or on a
+stop signal (`system/preemption.py`): the run in progress checkpoints its step and the worker
+claims no other.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from aepg_jax.experiments import layout
 from aepg_jax.runs import lock
+from aepg_jax.system import preemption
 
 ENV_POLL = "AEPG_SWEEP_POLL_S"
 DEFAULT_POLL_S = 5.0
@@ -70,6 +73,9 @@ def work(
     none is left to run; `left`: the units still pending besides this one."""
     waiting = False
     while True:
+        signum = preemption.requested()
+        if signum:  # between runs: each run's own checkpoints hold everything done
+            raise preemption.Preempted(signum, "between runs")
         todo = pending(root, units, started)
         if not todo:
             return

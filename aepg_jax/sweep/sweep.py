@@ -19,9 +19,12 @@ exits with status 1 at the end if any failed. `--config.*` overrides (weights, d
 `model.dtype`, ...) go to every run. `--shard=i/n` limits the worker to every n-th run from the
 i-th (static sharding); `--slurm` prints an sbatch array script of workers; `--vmap_seeds` runs
 the consecutive seeds of a cell as one `num_seeds` program (docs/running.md, "Many seeds
-in one program"). `--status` prints each run's status (done, running: worker, since, task t of T,
-failed: its error line, partial, todo; `overview.py`), `--list` also their `aepg_jax.main`
-commands; both work without --workdir (status unknown). `python -m aepg_jax.tables DIR` then
+in one program"). SIGTERM or SIGUSR1 (SLURM's preemption, requeue or `--signal`) stops the
+worker: the run in progress checkpoints its current step, no other run is claimed, and the sweep
+exits with status 128 + the signal's number (143, 138); the same command resumes. `--status`
+prints each run's status (done, running: worker, since, task t of T, failed: its error line,
+partial, todo; `overview.py`), `--list` also their `aepg_jax.main` commands; both work without
+--workdir (status unknown). `python -m aepg_jax.tables DIR` then
 prints the tables.
 """
 
@@ -41,7 +44,7 @@ from aepg_jax import experiments
 from aepg_jax.experiments import layout, registry
 from aepg_jax.runs import lock
 from aepg_jax.sweep import claims, overview, preflight
-from aepg_jax.system import cli
+from aepg_jax.system import cli, preemption
 
 EXIT_FAILED_RUNS = 1
 load_config = preflight.load_config
@@ -278,6 +281,9 @@ def sweep(
             results = run_unit(unit, root, overrides)
         except lock.Busy:  # cannot happen under the claim; never recorded as the run's failure
             raise
+        except preemption.Preempted as stop:  # not the run's failure: it resumes
+            print(f"{head}  {stop}", flush=True)
+            raise
         except Exception as err:
             tried.append(False)
             save_failed |= isinstance(err, checkpointing.CheckpointWriteError)
@@ -366,10 +372,15 @@ def main(argv: Sequence[str]) -> int:
     name = os.path.abspath(args.experiment) if args.experiment.endswith(".py") else experiment.name
     layout.write_sweep_file(root, name)
     try:
-        failed, save_failed = sweep(units, root, overrides, mine, preflight.costs(checked))
+        with preemption.catch():
+            failed, save_failed = sweep(units, root, overrides, mine, preflight.costs(checked))
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume.", file=sys.stderr)
         return 128 + signal.SIGINT
+    except preemption.Preempted as stop:
+        name = signal.Signals(stop.signum).name
+        print(f"stopped by {name}: run the same command again to resume.", file=sys.stderr)
+        return stop.status
     status = EXIT_FAILED_RUNS if failed else 0
     if save_failed:
         from aepg_jax.system import hosts
