@@ -1,19 +1,25 @@
-"""Does the run's train step fit the device it runs on? Checked once, before any training step.
+"""Does the run fit the memory it has? Checked once, before any training step.
 
-The step of the run's first task is compiled ahead of time (`jit(...).lower(...).compile()`,
-the same program every task runs) and XLA's memory analysis read: the step needs
-`temp + output - alias + code` bytes beyond its arguments, which already sit in memory. That
-is compared with what the device has left: on the CPU the memory available to the process
-(`MemAvailable` in /proc/meminfo, or the cgroup's limit minus its usage when lower); on a GPU or
-TPU the device's `bytes_limit - bytes_in_use`. A step that cannot fit stops the run with one
-line (exit 2 from `aepg_jax.main`) instead of the kernel's OOM killer or XLA's
-RESOURCE_EXHAUSTED deep inside training.
+Every program the run executes is compiled ahead of time (`jit(...).lower(...).compile()`: the
+train step, whose one program holds both phases of a task as a `lax.cond`; the evaluation; a
+method's own passes such as InfLoRA's covariance) and XLA's memory analysis read: a program
+needs `temp + output - alias + code` bytes beyond its arguments, which already sit in memory.
+The trainer runs one program at a time and returns the heap's free pages between phases
+(`system/memory.py`), so the run needs the largest of these. That is compared with what is
+left: on the CPU the memory available to the process, the host's `MemAvailable` capped by every
+memory cgroup the process is in (its own and each parent's limit minus usage, cgroup v1 or v2:
+a SLURM or systemd job's limit counts); on a GPU or TPU the least free memory of the local
+devices (`bytes_limit - bytes_in_use`). A run that cannot fit stops with one line (exit 2 from
+`aepg_jax.main`) naming the program, what it needs, what is free and about the largest batch
+that would fit, instead of the kernel's OOM killer or XLA's RESOURCE_EXHAUSTED deep inside
+training.
 
-`AEPG_FIT_CHECK=0` skips it (it compiles the step once more than training does).
+`AEPG_FIT_CHECK=0` skips it (it compiles each program once more than training does).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 
@@ -21,10 +27,11 @@ import jax
 
 ENV = "AEPG_FIT_CHECK"
 GIB = 2**30
+UNLIMITED = 2**60  # cgroup v1 writes a huge number for "no limit"
 
 
 class DoesNotFit(ValueError):
-    """The compiled step needs more memory than the device has left."""
+    """A compiled program needs more memory than the process has left."""
 
 
 def enabled() -> bool:
@@ -40,26 +47,67 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def host_available() -> int | None:
-    """Bytes the process may still allocate on the host: MemAvailable, capped by the cgroup."""
-    avail = None
+def _mem_available(meminfo: str) -> int | None:
     try:
-        with open("/proc/meminfo") as f:
+        with open(meminfo) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
-    limit = _read_int("/sys/fs/cgroup/memory.max") or _read_int(
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes"
-    )
-    usage = _read_int("/sys/fs/cgroup/memory.current") or _read_int(
-        "/sys/fs/cgroup/memory/memory.usage_in_bytes"
-    )
-    if limit and usage is not None and limit < 2**60:
-        cgroup = max(limit - usage, 0)
-        avail = cgroup if avail is None else min(avail, cgroup)
-    return avail
+    return None
+
+
+def cgroup_headroom(
+    proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup"
+) -> int | None:
+    """The least `limit - usage` over the memory cgroups this process is in and their parents
+    (v2: `memory.max` / `memory.current` under the unified path; v1: the `memory` controller's
+    `memory.limit_in_bytes` / `memory.usage_in_bytes`); None when no level has a limit."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = [line.strip().split(":", 2) for line in f if line.strip()]
+    except OSError:
+        return None
+    places = []  # (directory of the process's cgroup, limit file, usage file)
+    for _, controllers, path in (x for x in lines if len(x) == 3):
+        if controllers == "":  # v2 (or the unified half of a hybrid layout)
+            base = (
+                os.path.join(root, "unified")
+                if os.path.isdir(os.path.join(root, "unified"))
+                else root
+            )
+            places.append((base, path, "memory.max", "memory.current"))
+        elif "memory" in controllers.split(","):
+            places.append(
+                (
+                    os.path.join(root, "memory"),
+                    path,
+                    "memory.limit_in_bytes",
+                    "memory.usage_in_bytes",
+                )
+            )
+    headroom = None
+    for base, path, limit_file, usage_file in places:
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):  # the process's own cgroup, then each parent
+            directory = os.path.join(base, *parts[:depth])
+            limit = _read_int(os.path.join(directory, limit_file))
+            usage = _read_int(os.path.join(directory, usage_file))
+            if limit is None or usage is None or limit >= UNLIMITED:
+                continue
+            left = max(limit - usage, 0)
+            headroom = left if headroom is None else min(headroom, left)
+    return headroom
+
+
+def host_available(meminfo: str = "/proc/meminfo", **cgroup) -> int | None:
+    """Bytes the process may still allocate on the host: `MemAvailable`, capped by every memory
+    cgroup it is in (`cgroup_headroom`)."""
+    avail, headroom = _mem_available(meminfo), cgroup_headroom(**cgroup)
+    if headroom is None:
+        return avail
+    return headroom if avail is None else min(avail, headroom)
 
 
 def device_available(device: jax.Device) -> int | None:
@@ -70,14 +118,13 @@ def device_available(device: jax.Device) -> int | None:
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
-def step_needs(step: Callable, args: tuple) -> int | None:
-    """Bytes the compiled `step(*args)` needs beyond its arguments (None: no memory analysis)."""
+def needs(fn: Callable, args: tuple) -> int | None:
+    """Bytes the compiled `fn(*args)` needs beyond its arguments (None: no memory analysis)."""
 
-    def fit_check_step(*a):
-        return step(*a)
+    def fit_check_program(*a):
+        return fn(*a)
 
-    compiled = jax.jit(fit_check_step).lower(*args).compile()
-    m = compiled.memory_analysis()
+    m = jax.jit(fit_check_program).lower(*args).compile().memory_analysis()
     if m is None:
         return None
     return int(
@@ -88,22 +135,47 @@ def step_needs(step: Callable, args: tuple) -> int | None:
     )
 
 
-def check(step: Callable, args: tuple, batch_size: int) -> None:
-    """Raises `DoesNotFit` (one line) when the train step `step(*args)` cannot fit the device;
-    `batch_size` is `optim.batch_size`, named in the advice."""
+def available() -> tuple[int | None, str]:
+    """(bytes left, where) for the run's programs: the host's for a CPU run, the least free
+    local accelerator's otherwise."""
+    devices = jax.local_devices()
+    if devices[0].platform == "cpu":
+        return host_available(), "host memory available to this process"
+    free = [(device_available(d), d) for d in devices]
+    known = [(b, d) for b, d in free if b is not None]
+    if not known:
+        return None, ""
+    least, device = min(known, key=lambda x: x[0])
+    return least, f"free memory on {device}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One program of the run to check: `fn(*args)`, and the config field of its batch size."""
+
+    fn: Callable
+    args: tuple
+    batch_field: str
+    batch_size: int
+
+
+def check(programs: dict[str, Program]) -> None:
+    """Raises `DoesNotFit` (one line) when the largest of `programs` cannot fit."""
     if not enabled():
         return
-    device = jax.devices()[0]
-    needed = step_needs(step, args)
-    cpu = device.platform == "cpu"
-    available = host_available() if cpu else device_available(device)
-    if needed is None or available is None or needed <= available:
+    sized = [(needs(p.fn, p.args), name) for name, p in programs.items()]
+    sized = [(n, name) for n, name in sized if n is not None]
+    left, where = available()
+    if not sized or left is None:
         return
-    where = "host memory available to this process" if cpu else f"free memory on {device}"
+    needed, name = max(sized)
+    if needed <= left:
+        return
+    p = programs[name]
+    fits = max(int(p.batch_size * left / needed) // 8 * 8, 1)
     raise DoesNotFit(
-        f"the train step needs {needed / GIB:.1f} GiB beyond its parameters and data, the "
-        f"{where} is {available / GIB:.1f} GiB; lower optim.batch_size (now "
-        f"{batch_size}), use model.dtype=bfloat16 or a smaller model.image_size, "
-        f"or find the largest batch that fits with `python -m aepg_jax.plan --max_batch` "
-        f"({ENV}=0 skips this check)."
+        f"{name} needs {needed / GIB:.1f} GiB beyond its parameters and data, the {where} is "
+        f"{left / GIB:.1f} GiB; lower {p.batch_field} (now {p.batch_size}; about {fits} would "
+        f"fit), use model.dtype=bfloat16 or a smaller model.image_size, or find the largest batch "
+        f"with `python -m aepg_jax.plan --max_batch` ({ENV}=0 skips this check)."
     )

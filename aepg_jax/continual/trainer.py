@@ -51,7 +51,7 @@ from aepg_jax.continual.setup import Run
 from aepg_jax.data import loader, splits
 from aepg_jax.models import partition
 from aepg_jax.runs import checkpointing
-from aepg_jax.system import compiles, preemption, progress
+from aepg_jax.system import compiles, memory, preemption, progress
 
 TrainState = steps.TrainState
 Chunks = Iterator[tuple[TrainState, int, int, dict]]  # (state, task step, k steps, metrics)
@@ -518,12 +518,39 @@ def train_task(
 
 
 def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
-    """`fit.check` of task `t`'s train step on its first batch (`AEPG_FIT_CHECK=0` skips)."""
+    """`fit.check` of every program task `t` runs, on its first batches: the train step, the
+    evaluation, the method's own passes (`AEPG_FIT_CHECK=0` skips)."""
     if not fit.enabled():
         return
+    cfg = run.cfg
     batch = next(train_batches(run, t, epoch=0))
-    args = (state, run.frozen, batch, *task_args(run, t))
-    fit.check(programs.steps[static_key(run, t)], args, run.cfg.optim.batch_size)
+    test = loader.iterate(
+        run.data.test.images,
+        run.data.tasks.test_labels,
+        run.data.tasks.tasks[0].test_indices,
+        cfg.eval.batch_size,
+        run.mesh,
+        train=False,
+    )
+    eval_batch = next(iter(test))
+    spec = task_spec(run, t).traced()
+    train_args = (state, run.frozen, batch, *task_args(run, t))
+    eval_args = (state.trainable, state.method_state, run.frozen, eval_batch, spec)
+    checked = {
+        "the train step": fit.Program(
+            programs.steps[static_key(run, t)], train_args, "optim.batch_size", cfg.optim.batch_size
+        ),
+        "the evaluation": fit.Program(
+            eval_step_fn(run), eval_args, "eval.batch_size", cfg.eval.batch_size
+        ),
+    }
+    one = run.axis.unstack(state.trainable)[0], run.axis.unstack(state.method_state)[0]
+    hosted = run.method.host_programs(*one, run.frozen_of(0), eval_batch, t)
+    for name, (fn, args, _passes) in hosted.items():
+        checked[f"{run.method.name}'s {name}"] = fit.Program(
+            fn, args, "eval.batch_size", cfg.eval.batch_size
+        )
+    fit.check(checked)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,8 +632,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
                 if t == start_task:  # before the first training step of this process
                     check_fit(r, programs, t, state)
                 state = train_task(r, programs, book, ckpt, t, state, start_step)
+                memory.release_free_pages()  # the step's temporaries (system/memory.py)
                 state = end_task(r, t, state)
                 results = evaluate(r, programs, t, state, book)
+                memory.release_free_pages()
                 step = r.axis.first(state.global_step)
                 book.record_eval(t, step, results)
                 ckpt.save(step, {"state": state}, book.meta(t, "task_done", 0))

@@ -10,6 +10,11 @@ stay mapped and the next step reuses them. The cost: the process keeps its peak 
 what compilation used stays mapped (ViT-B/16 batch-8 step, `bench_breakdown.py --rss`: peak
 RSS 3.2 -> 6.7 GiB; `AEPG_MALLOC=default` below opts out).
 
+Between a run's phases (after a task's training, after its evaluation) the trainers call
+`release_free_pages()` (glibc's `malloc_trim(0)`): the kept heap's free pages go back to the
+kernel, so the process holds one phase's peak at a time instead of the union of every phase's
+(and of their fragments) for good; the next phase faults its temporaries in once, not per step.
+
 It must run before JAX's backend starts (its thread pool's threads would otherwise keep arenas
 of their own, which the settings do not reach). `aepg_jax.main` calls `apply_default()` first:
 
@@ -66,3 +71,15 @@ def apply_default() -> bool:
     if mode == "default" or (mode == "auto" and accelerator_plugin_installed()):
         return False
     return keep_pages_mapped()
+
+
+def release_free_pages() -> bool:
+    """Returns the free pages of glibc's heap to the kernel (`malloc_trim(0)`); True when it
+    released any. A no-op (False) where the C library has no `malloc_trim`."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    return trim(0) == 1
