@@ -37,7 +37,7 @@ def test_a_step_that_cannot_fit_exits_2_in_one_line_before_training(tmp_path):
     assert time.time() - start < 240
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert "needs" in lines[0] and "GiB" in lines[0] and "--max_batch" in lines[0]
+    assert "need" in lines[0] and "GiB" in lines[0] and "--max_batch" in lines[0]
     assert "optim.batch_size" in lines[0]
     assert (
         not (workdir / "metrics.jsonl").exists()
@@ -77,3 +77,54 @@ def test_the_headroom_is_the_least_over_the_process_cgroups_and_their_parents(tm
     assert fit.host_available(str(meminfo), proc_cgroup=str(proc), root=str(v2)) == 2**29
     _write(proc, "0::/\n")  # no limit anywhere: the host's MemAvailable
     assert fit.host_available(str(meminfo), proc_cgroup=str(proc), root=str(v2)) == 2**29
+
+
+def test_a_mistyped_image_size_stops_in_seconds_before_any_cache(tmp_path):
+    """`model.image_size=2044` (for 224): refused from the config, nothing cached."""
+    cache = tmp_path / "cache"
+    start = time.time()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aepg_jax.main",
+            "--config=configs/default.py",
+            f"--workdir={tmp_path / 'w'}",
+            "--config.model.image_size=2044",
+            "--config.data.store_size=2044",
+            f"--config.data.cache_dir={cache}",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        cwd=pathlib.Path(__file__).resolve().parents[1],
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    # 6.5 s on the idle 2-core machine (2026-11-26); the bound leaves room for a loaded one.
+    assert time.time() - start < 240
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: model.image_size=2044 "), lines
+    assert "optim.batch_size" in lines[0] and "GiB" in lines[0]
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_a_cache_the_disk_cannot_hold_is_refused_before_a_byte(tmp_path, monkeypatch):
+    import numpy as np
+    import pytest
+
+    from aepg_jax.data import cache
+
+    class Source:
+        labels = np.zeros(1000, np.int32)
+
+        def __len__(self):
+            return 1000
+
+        def image(self, i):
+            raise AssertionError("nothing is decoded")
+
+    monkeypatch.setattr(cache, "_free_bytes", lambda path: 10 * 2**20)  # 10 MiB free
+    with pytest.raises(cache.CacheTooLarge, match=r"needs 0\.2 GiB in .*, 0\.0 GiB are free"):
+        cache.load_or_build(Source(), str(tmp_path / "c"), "toy", "train", 256)
+    assert not (tmp_path / "c").exists()

@@ -14,7 +14,14 @@ devices (`bytes_limit - bytes_in_use`). A run that cannot fit stops with one lin
 that would fit, instead of the kernel's OOM killer or XLA's RESOURCE_EXHAUSTED deep inside
 training.
 
-`AEPG_FIT_CHECK=0` skips it (it compiles each program once more than training does).
+Before that, before anything is built (no cache, no pretraining), `check_config` refuses a config
+whose attention scores alone cannot fit: every block materialises the scores of its heads,
+`B x heads x T x T` values in the compute dtype (`T` tokens: patches + the class token), so one
+block's scores are a lower bound on a step's memory. A mistyped `model.image_size` (2044 for
+224) stops there within seconds.
+
+`AEPG_FIT_CHECK=0` skips both (the compiled check compiles each program once more than training
+does).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import os
 from collections.abc import Callable
 
 import jax
+import ml_collections
+import numpy as np
 
 ENV = "AEPG_FIT_CHECK"
 GIB = 2**30
@@ -147,6 +156,39 @@ def available() -> tuple[int | None, str]:
         return None, ""
     least, device = min(known, key=lambda x: x[0])
     return least, f"free memory on {device}"
+
+
+def attention_bytes(model: ml_collections.ConfigDict, batch: int) -> int:
+    """One block's attention scores for `batch` images: `batch x heads x T x T` values of the
+    compute dtype, `T = (image_size / patch_size)^2 + 1`."""
+    tokens = (model.image_size // model.patch_size) ** 2 + 1
+    return batch * model.num_heads * tokens * tokens * np.dtype(model.dtype).itemsize
+
+
+def check_config(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
+    """Raises `DoesNotFit` when one block's attention scores of the train or the evaluation
+    batch (per device, all seeds) exceed the memory left: made from the config alone."""
+    if not enabled():
+        return
+    left, where = available()
+    if left is None:
+        return
+    seeds = cfg.num_seeds
+    for field, batch in (
+        ("optim.batch_size", cfg.optim.batch_size),
+        ("eval.batch_size", cfg.eval.batch_size),
+    ):
+        needed = attention_bytes(cfg.model, -(-batch * seeds // num_devices))
+        if needed > left:
+            m = cfg.model
+            tokens = (m.image_size // m.patch_size) ** 2 + 1
+            raise DoesNotFit(
+                f"model.image_size={m.image_size} with model.patch_size={m.patch_size} makes "
+                f"{tokens} tokens: one block's attention scores at {field}={batch} need "
+                f"{needed / GIB:.1f} GiB, the {where} is {left / GIB:.1f} GiB; check "
+                f"model.image_size (and data.store_size), or lower {field} (`python -m "
+                f"aepg_jax.plan --max_batch` finds the largest; {ENV}=0 skips this check)."
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -620,6 +620,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     # First: a checkpoint directory that cannot be written is refused before any data work.
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
     with compiles.Counter() as counter:
+        fit.check_config(cfg, jax.device_count())  # before any cache or pretraining
         r = setup.build(cfg, workdir)
         programs = build_programs(r)
         book = Bookkeeping(r)

@@ -17,6 +17,12 @@ Several processes sharing the cache directory (the processes of a multi-process 
 started together): the build holds an exclusive lock (`flock` on `<split>-<size>px.lock`
 beside the split's directory), so one process builds and the others wait for it, then read
 the finished cache. A builder that dies releases the lock; the next one resumes its build.
+
+Disk: before anything is written, the bytes the split needs (`N * size * size * 3`) are
+compared with the space free where it goes; too little stops the run in one line naming both
+and the fields that set the size (`CacheTooLarge`). The images file is then reserved on disk in
+full (`posix_fallocate`), so the build cannot run out of space while writing through the memory
+map (on a full disk that is a SIGBUS, not an exception).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
@@ -139,6 +146,35 @@ def _build_lock(directory: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+class CacheTooLarge(ValueError):
+    """The disk cannot hold the cache about to be built."""
+
+
+def _free_bytes(path: str) -> int:
+    """Bytes free to this process on the file system of `path` (its nearest existing ancestor)."""
+    while not os.path.exists(path):
+        path = os.path.dirname(path) or "."
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def check_space(directory: str, dataset: str, split: str, n: int, size: int) -> None:
+    """Raises `CacheTooLarge` when the split's images (`n x size x size x 3` bytes, less what a
+    partial build already holds) do not fit the space free at `directory`."""
+    needed = n * size * size * 3
+    partial = os.path.join(directory, "images.partial.npy")
+    if os.path.exists(partial):
+        needed -= os.stat(partial).st_blocks * 512
+    free = _free_bytes(directory)
+    if needed > free:
+        raise CacheTooLarge(
+            f"the decode-once cache of {dataset}/{split} at {size} px needs {needed / 2**30:.1f} "
+            f"GiB in {directory}, {free / 2**30:.1f} GiB are free: check data.store_size (and "
+            "model.image_size, which sets the pretraining cache's size), or point "
+            "data.cache_dir at a larger disk."
+        )
+
+
 def load_or_build(
     source: Source,
     root: str,
@@ -158,6 +194,7 @@ def load_or_build(
     cached = _load_complete(directory, source, size, verify)
     if cached is not None:
         return cached
+    check_space(directory, dataset, split, len(source), size)
     with _build_lock(directory):
         # Another process may have finished the build while this one waited for the lock.
         cached = _load_complete(directory, source, size, verify)
@@ -166,6 +203,25 @@ def load_or_build(
         return _build(
             source, directory, dataset, split, size, class_names, num_workers, resize_fn, progress
         )
+
+
+def _reserve(path: str, directory: str, dataset: str, split: str, size: int) -> None:
+    """Allocates every block of `path` now, so that writing through its memory map cannot meet
+    a full disk (a SIGBUS); `CacheTooLarge` when the space went meanwhile."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if err.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                return  # a file system without fallocate: the check before is what there is
+            raise
+        raise CacheTooLarge(
+            f"the disk of {directory} filled while reserving the cache of {dataset}/{split} at "
+            f"{size} px: free space there, or point data.cache_dir at a larger disk."
+        ) from err
+    finally:
+        os.close(fd)
 
 
 def _build(
@@ -200,6 +256,7 @@ def _build(
         images = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint8, shape=shape)
     else:
         images = np.load(partial, mmap_mode="r+")
+    _reserve(partial, directory, dataset, split, size)
 
     def decode(i: int) -> np.ndarray:
         image = resize_fn(source.image(i), size)
