@@ -239,7 +239,7 @@ def _status(root) -> str:
     return out.stdout
 
 
-@pytest.mark.slow  # ~2.5 min on 2 loaded cores (the SLURM array, then the one-process sweep)
+@pytest.mark.slow  # 2.5-3.2 min on 2 loaded cores (SLURM array, then one-process sweep)
 def test_a_slurm_array_of_three_workers_finishes_every_run_with_the_one_process_table(
     local_slurm, tmp_path
 ):
@@ -307,7 +307,7 @@ def test_a_slurm_array_of_three_workers_finishes_every_run_with_the_one_process_
 MAIN_SHORT = ["--config.data.num_tasks=2", "--config.max_steps_per_task=6"]
 
 
-@pytest.mark.slow  # ~70 s on 2 loaded cores
+@pytest.mark.slow  # 70-80 s on 2 loaded cores
 def test_srun_two_processes_give_the_a_t_of_one_process(local_slurm, tmp_path):
     main = [sys.executable, "-m", "aepg_jax.main", "--config=configs/default.py", *MAIN_SHORT]
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
@@ -355,7 +355,7 @@ echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
 """
 
 
-@pytest.mark.slow  # ~2 min 15 s: SLURM starts a requeued job about 2 min later
+@pytest.mark.slow  # 2.2-2.8 min: SLURM starts a requeued job about 2 min later
 def test_an_array_task_stopped_by_usr1_is_requeued_and_runs_again(
     local_slurm, tmp_path, capsys, cpu_only
 ):
