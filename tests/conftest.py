@@ -3,4 +3,17 @@ the tests skip it except where they test it (`tests/test_fit.py` sets AEPG_FIT_C
 
 import os
 
+import pytest
+
 os.environ.setdefault("AEPG_FIT_CHECK", "0")
+
+
+@pytest.fixture(scope="session")
+def local_slurm():
+    """A running one-node SLURM (`scripts/slurm_local.sh start`), or the test is skipped with
+    the reason it cannot start."""
+    import slurm_cluster
+
+    reason = slurm_cluster.start()
+    if reason:
+        pytest.skip(reason)

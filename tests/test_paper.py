@@ -197,7 +197,8 @@ def test_list_prints_all_table1_runs_with_their_commands(tmp_path, capsys):
 
 def test_slurm_script_is_valid_bash_with_sbatch_directives(tmp_path, capsys):
     argv = ["--experiment=table1", f"--workdir={tmp_path}/t1", "--slurm", "--array_size=16",
-            "--sbatch=--partition=gpu", "--config.model.checkpoint=/w/B 16.npz"]  # fmt: skip
+            "--gpus_per_worker=1", "--sbatch=--partition=gpu",
+            "--config.model.checkpoint=/w/B 16.npz"]  # fmt: skip
     assert sweep.main(argv) == 0
     script = capsys.readouterr().out
     path = tmp_path / "t1.sbatch"
@@ -209,11 +210,12 @@ def test_slurm_script_is_valid_bash_with_sbatch_directives(tmp_path, capsys):
     # sbatch reads directives only before the first command.
     first_command = next(i for i, line in enumerate(lines[1:], 1) if not line.startswith("#"))
     assert all(lines.index(d) < first_command for d in directives)
-    options = dict(d.removeprefix("#SBATCH ").split("=", 1) for d in directives)
+    options = dict((d.removeprefix("#SBATCH ") + "=").split("=")[:2] for d in directives)
     assert options["--array"] == "0-15" and options["--partition"] == "gpu"
     assert options["--gres"] == "gpu:1" and options["--output"].endswith("slurm-%A_%a.out")
-    assert "--shard" not in lines[-1] and "workers claiming them" in script  # sweep_claims
-    assert "'--config.model.checkpoint=/w/B 16.npz'" in lines[-1]
+    command = next(line for line in lines if "-m aepg_jax.sweep" in line)
+    assert "--shard" not in command and "workers claiming them" in script  # sweep_claims
+    assert "'--config.model.checkpoint=/w/B 16.npz'" in command
 
 
 def test_shards_partition_the_runs():

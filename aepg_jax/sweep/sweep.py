@@ -2,7 +2,8 @@
 
     python -m aepg_jax.sweep --experiment=NAME --workdir=DIR [--list | --status]
         [--where key=value,...] [--shard=i/n] [--vmap_seeds]
-        [--slurm [--array_size=N] [--sbatch=OPTION ...]] [--config.<field>=<value> ...]
+        [--slurm [--array_size=N] [--gpus_per_worker=N] [--cpus_per_worker=N] [--signal_s=S]
+                 [--sbatch=OPTION ...]] [--config.<field>=<value> ...]
 
 Before any run, every `--config.*` override is applied to every run's config and validated: a
 bad one stops the sweep with one `error:` line (exit 2). The process is then a worker
@@ -26,12 +27,26 @@ prints each run's status (done, running: worker, since, task t of T, failed: its
 partial, todo; `overview.py`), `--list` also their `aepg_jax.main` commands; both work without
 --workdir (status unknown). `python -m aepg_jax.tables DIR` then
 prints the tables.
+
+`--slurm` (docs/paper.md, "On a SLURM cluster") prints, instead of running, an sbatch array
+script of `--array_size` workers (default one per run) on DIR, to `sbatch`. Each array task asks
+for `--gpus_per_worker` GPUs (`#SBATCH --gres=gpu:N`; default 1 if this process sees a GPU:
+/dev/nvidiaN, CUDA_VISIBLE_DEVICES, JAX_PLATFORMS; else 0 and no --gres line) and
+`--cpus_per_worker` cores (`--cpus-per-task`, default 2), and has `--requeue`,
+`--open-mode=append`, its log in `DIR/slurm-<job>_<task>.out` and `--signal=B:USR1@S`: SLURM
+sends SIGUSR1 to the batch shell `--signal_s` seconds (default 120; 0: none) before the time
+limit. The shell runs the worker in the background and passes it SIGUSR1 and SIGTERM; the
+worker finishes its step, checkpoints and exits 138 (SIGUSR1) or 143 (SIGTERM), and after 138
+the shell requeues its array task (`scontrol requeue JOB_TASK`), which resumes. `--sbatch=OPTION`
+adds an `#SBATCH` line and replaces the default of the same option (`--sbatch=--gres=gpu:a100:2`,
+`--sbatch=-c 16`, `--sbatch=--no-requeue`; `--gpus*` replace `--gres`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import os
 import shlex
 import signal
@@ -47,7 +62,23 @@ from aepg_jax.sweep import claims, overview, preflight
 from aepg_jax.system import cli, preemption
 
 EXIT_FAILED_RUNS = 1
+DEFAULT_CPUS_PER_WORKER = 2
+DEFAULT_SIGNAL_S = 120
 load_config = preflight.load_config
+
+
+def _count(minimum: int):
+    def parse_count(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise ValueError(text)
+        return value
+
+    parse_count.__name__ = "integer >= 0" if minimum == 0 else f"integer >= {minimum}"
+    return parse_count
+
+
+_non_negative, _positive = _count(0), _count(1)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,15 +119,44 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         help="JAX's persistent compilation cache, shared by the runs (seeds of a cell compile "
         "the same programs); default DIR/.jax_cache, '' for none",
     )
-    parser.add_argument("--slurm", action="store_true", help="print an sbatch array script")
+    parser.add_argument(
+        "--slurm",
+        action="store_true",
+        help="print an sbatch array script of sweep workers (sbatch it; docs/paper.md)",
+    )
     parser.add_argument(
         "--array_size", type=int, help="--slurm: array tasks (default: one per run)"
+    )
+    parser.add_argument(
+        "--gpus_per_worker",
+        type=_non_negative,
+        help="--slurm: GPUs of each array task (#SBATCH --gres=gpu:N; 0: no --gres line); "
+        "default 1 if this process sees a GPU (/dev/nvidia*, CUDA_VISIBLE_DEVICES, "
+        "JAX_PLATFORMS), else 0",
+    )
+    parser.add_argument(
+        "--cpus_per_worker",
+        type=_positive,
+        default=DEFAULT_CPUS_PER_WORKER,
+        help=f"--slurm: cores of each array task (#SBATCH --cpus-per-task; default "
+        f"{DEFAULT_CPUS_PER_WORKER}, which a small node can give; a GPU worker decoding "
+        "images wants more, e.g. 8)",
+    )
+    parser.add_argument(
+        "--signal_s",
+        type=_non_negative,
+        default=DEFAULT_SIGNAL_S,
+        help="--slurm: SLURM sends SIGUSR1 this many seconds before a task's time limit "
+        "(#SBATCH --signal=B:USR1@S); the worker checkpoints, exits 138 and the task is "
+        f"requeued; default {DEFAULT_SIGNAL_S}, 0: no signal",
     )
     parser.add_argument(
         "--sbatch",
         action="append",
         default=[],
-        help="--slurm: an extra #SBATCH option, e.g. --sbatch=--partition=gpu",
+        help="--slurm: an #SBATCH option, e.g. --sbatch=--partition=gpu --sbatch=--time=4:00:00;"
+        " one the script sets by default (--gres/--gpus*, --cpus-per-task, --signal, --output, "
+        "--open-mode, --requeue, --job-name, --array, --nodes, --ntasks) is replaced by it",
     )
     args, rest = parser.parse_known_args(argv)
     bad = [a for a in rest if not a.startswith("--config.")]
@@ -209,9 +269,52 @@ def print_list(
         print(", ".join(f"{n} {word}" for word, n in counts.items()))
 
 
+# `--sbatch` options that replace a default of the script: the option's long name, and the
+# default it replaces (the GPU options replace --gres, --no-requeue replaces --requeue).
+_SHORT_SBATCH = {
+    "a": "array", "c": "cpus-per-task", "G": "gpus", "J": "job-name", "n": "ntasks",
+    "N": "nodes", "o": "output",
+}  # fmt: skip
+_SAME_SBATCH = {
+    "gpus": "gres", "gpus-per-task": "gres", "gpus-per-node": "gres",
+    "gpus-per-socket": "gres", "cpus-per-gpu": "cpus-per-task", "no-requeue": "requeue",
+}  # fmt: skip
+
+
+def _sbatch_name(option: str) -> str:
+    """The default an `#SBATCH` option replaces: `--gres=gpu:2` -> gres, `-c 4` ->
+    cpus-per-task, `--gpus=1` -> gres."""
+    option = option.strip()
+    if option.startswith("--"):
+        name = option[2:].split("=", 1)[0].split()[0] if option[2:] else ""
+    elif option.startswith("-") and len(option) > 1:
+        name = _SHORT_SBATCH.get(option[1], option[1])
+    else:
+        name = option
+    return _SAME_SBATCH.get(name, name)
+
+
+def visible_gpus() -> int:
+    """GPUs this process would see, without starting a JAX backend (a login node's GPUs are
+    not to be claimed just to print a script): none if JAX_PLATFORMS names no GPU platform,
+    else those of CUDA_VISIBLE_DEVICES if set, else the /dev/nvidiaN devices."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").lower()
+    if platforms and not any(p in platforms for p in ("cuda", "gpu", "rocm")):
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")])
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
 def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: int) -> str:
-    """An sbatch array script: each task is a sweep worker (`claims.py`), with the
-    user's `--shard` if given."""
+    """An sbatch array script: each task is a sweep worker (`claims.py`), with the user's
+    `--shard` if given. Resources follow the runs: `--gpus_per_worker` GPUs (default: 1 where
+    this process sees a GPU, else none and no --gres line), `--cpus_per_worker` cores; every
+    default `#SBATCH` option is replaced by a `--sbatch` one of the same name. The worker runs
+    in the background of the batch shell, which forwards SIGUSR1 (`--signal_s` before the time
+    limit) and SIGTERM to it; a worker that stopped on SIGUSR1 (status 138: its run
+    checkpointed) has its array task requeued, to resume where it stopped."""
     size = min(args.array_size or n_units, n_units)
     root = os.path.abspath(args.workdir)
     experiment = args.experiment
@@ -230,22 +333,45 @@ def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: in
     sweep += [f"--shard={args.shard}"] if args.shard else []
     command = shlex.join(sweep)
     command += "".join(f" {shlex.quote(o)}" for o in overrides)
+    gpus = visible_gpus() and 1 if args.gpus_per_worker is None else args.gpus_per_worker
+    defaults = [
+        f"--job-name=aepg-{os.path.basename(experiment).removesuffix('.py')}",
+        f"--array=0-{size - 1}",
+        "--nodes=1",
+        "--ntasks=1",
+        *([f"--gres=gpu:{gpus}"] if gpus else []),
+        f"--cpus-per-task={args.cpus_per_worker}",
+        f"--output={root}/slurm-%A_%a.out",
+        "--open-mode=append",
+        "--requeue",
+        *([f"--signal=B:USR1@{args.signal_s}"] if args.signal_s else []),
+    ]
+    replaced = {_sbatch_name(o) for o in args.sbatch}
+    options = [o for o in defaults if _sbatch_name(o) not in replaced] + list(args.sbatch)
+    task = "${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}"
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=aepg-{os.path.basename(experiment).removesuffix('.py')}",
-        f"#SBATCH --array=0-{size - 1}",
-        "#SBATCH --nodes=1",
-        "#SBATCH --ntasks=1",
-        "#SBATCH --gres=gpu:1",
-        "#SBATCH --cpus-per-task=8",
-        f"#SBATCH --output={root}/slurm-%A_%a.out",
-        "#SBATCH --open-mode=append",
-        *(f"#SBATCH {opt}" for opt in args.sbatch),
+        *(f"#SBATCH {o}" for o in options),
         f"# {n_units} runs of {args.experiment}, {size} workers claiming them (most expensive "
         "first); resubmit to resume.",
-        "set -euo pipefail",
+        "# The worker runs in the background: this shell passes it SLURM's SIGUSR1 (sent "
+        f"{args.signal_s} s before the time limit) and SIGTERM; it finishes its step, writes a "
+        "checkpoint and exits 128 + the signal's number. On SIGUSR1 (138) the array task is "
+        "requeued and resumes; on SIGTERM (143: scancel, preemption) it is not.",
+        "set -uo pipefail",
         f"cd {shlex.quote(os.getcwd())}",
-        command,
+        f"{command} &",
+        "worker=$!",
+        "trap 'kill -USR1 \"$worker\" 2>/dev/null' USR1",
+        "trap 'kill -TERM \"$worker\" 2>/dev/null' TERM",
+        'wait "$worker"',
+        'while kill -0 "$worker" 2>/dev/null; do wait "$worker"; done  # a trap ended the wait',
+        'wait "$worker"; status=$?  # the worker\'s own exit status',
+        'if [ "$status" -eq 138 ]; then',
+        f'  echo "worker stopped by SIGUSR1 (checkpointed): requeueing {task}"',
+        f'  scontrol requeue "{task}"',
+        "fi",
+        'exit "$status"',
     ]
     return "\n".join(lines) + "\n"
 
@@ -387,4 +513,3 @@ def main(argv: Sequence[str]) -> int:
 
         hosts.leave(status, at_once=True)
     return status
-
