@@ -9,7 +9,9 @@ function checks it; it is then saved as
 `DIR/config.json`. Re-running with the same config and workdir resumes from the newest
 checkpoint; a different config on an existing run's workdir is refused once that run has a
 checkpoint (before its first checkpoint, e.g. after a failed start, the corrected config replaces
-the saved one). A run holds its workdir's lock while it runs (`runs/lock.py`): a second run on
+the saved one); fields that do not change the result (where the data and weights are, how often
+to log and checkpoint: `runs/identity.py`) may change on a resume. A run holds its workdir's
+lock while it runs (`runs/lock.py`): a second run on
 the same workdir exits 2 with one line naming the holder. Ctrl-C ends the run with one line
 saying where it stopped, exit code 130. SIGTERM and SIGUSR1 (what SLURM, spot VMs and
 preemptible TPUs send) finish the current step, write a checkpoint and end the run with one line,
@@ -36,7 +38,7 @@ from ml_collections import config_flags
 from aepg_jax.checkpoints import augreg
 from aepg_jax.config import command_line, schema
 from aepg_jax.continual import trainer as continual_trainer
-from aepg_jax.runs import checkpointing, lock
+from aepg_jax.runs import checkpointing, identity, lock
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import trainer as scratch_trainer
 from aepg_jax.system import cli, hosts, memory, preemption, progress
@@ -83,16 +85,6 @@ def select_trainer(cfg):
     return TRAINERS[name]
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out |= _flatten(v, f"{prefix}{k}.")
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def workdir_problem(workdir: str, given: str) -> str | None:
     """Why the absolute path `workdir` (`--workdir=given`) cannot hold a run, or None: a file,
     or a directory (or its nearest existing ancestor, where it would be created) that this
@@ -135,16 +127,16 @@ def check_or_save_config(cfg, workdir: str) -> None:
                 f"{' or '.join(lacks)}); resume it with that version (git checkout {tag}) or "
                 "use a new --workdir."
             )
-        a, b = _flatten(saved), _flatten(current)
-        diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-        if not diff:
+        if saved == current:
             return
-        if has_checkpoint(workdir):
+        diff = identity.differences(saved, current)
+        if diff and has_checkpoint(workdir):
             raise ValueError(
-                f"{workdir} holds a run with another config (differs in: {', '.join(diff)}). "
-                "Use a new --workdir, or the same config to resume that run."
+                f"{workdir} holds a run with another config (differs in: {', '.join(diff)}); "
+                "use a new --workdir, or the same config to resume that run."
             )
-        # Nothing was trained that a checkpoint keeps: the corrected config starts afresh.
+        # Nothing was trained that a checkpoint keeps (the corrected config starts afresh), or
+        # only where files are and how often to log changed (`identity.NOT_IDENTITY`).
     if jax.process_index() == 0:
         os.makedirs(workdir, exist_ok=True)
         tmp = f"{path}.tmp"

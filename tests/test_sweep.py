@@ -187,9 +187,10 @@ def test_a_misspelt_override_stops_the_sweep_before_any_run(tmp_path, monkeypatc
     assert calls == [] and not (tmp_path / "runs").exists()  # nothing ran, nothing written
 
 
-def test_an_override_adding_a_problem_to_a_run_broken_on_its_own_is_caught():
-    """Table 1's runs fail validation until model.checkpoint is given; an override that adds a
-    problem of its own still stops the sweep, one that does not is left to the runs."""
+def test_a_problem_of_the_runs_own_configs_stops_the_sweep_in_one_line():
+    """Table 1's runs fail validation until model.checkpoint is given: one line for all of
+    them, before any run; an override that adds a problem of its own is named as the
+    override's, with the first run it breaks."""
     from aepg_jax.sweep import preflight
 
     units = layout.units(registry.get("demo").runs()[:3])
@@ -200,10 +201,37 @@ def test_an_override_adding_a_problem_to_a_run_broken_on_its_own_is_caught():
             problems.append("optim.epochs must be >= 1.")
         raise ValueError("Invalid config: " + "; ".join(problems))
 
-    assert len(preflight.check(units, [], validate)) == 3
-    assert len(preflight.check(units, ["--config.optim.epochs=3"], validate)) == 3
+    for overrides in ([], ["--config.optim.epochs=3"]):
+        with pytest.raises(ValueError) as err:
+            preflight.check(units, overrides, validate)
+        assert str(err.value) == (
+            "Invalid config: model.checkpoint is needed (for all 3 runs); nothing ran: fix it "
+            "with --config.<field>=<value> or in the experiment's config file."
+        )
     with pytest.raises(ValueError, match=r"optim.epochs must be >= 1.* for run demo/"):
         preflight.check(units, ["--config.optim.epochs=0"], validate)
+
+    def some(cfg):
+        if cfg.seed == 1:
+            raise ValueError("Invalid config: seed 1 is broken.")
+
+    with pytest.raises(ValueError, match=r"seed 1 is broken \(for 1 of the 3 runs, e.g. demo/"):
+        preflight.check(units, [], some)
+
+
+def test_table1_without_its_weights_is_one_line_and_no_run_folder(tmp_path):
+    """The README's paper command without --config.model.checkpoint: exit 2, one line naming
+    the field and the 210 runs, within a minute, nothing written."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "aepg_jax.sweep", "--experiment=table1", f"--workdir={tmp_path}/t1"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert "model.init=augreg needs model.checkpoint=" in lines[0]
+    assert "(for all 210 runs)" in lines[0]
+    assert time.monotonic() - start < 60 and not (tmp_path / "t1").exists()
 
 
 def test_command_line_mistakes_are_one_line(tmp_path, capsys):
@@ -340,10 +368,11 @@ def test_three_shards_run_each_run_once_and_their_table_is_the_one_process_one(s
 
 @pytest.mark.slow
 def test_a_real_failing_run_does_not_stop_the_others(tmp_path):
-    path = sweep_fake.write(tmp_path, failing=True)
-    proc = _sweep(path, tmp_path / "runs", "--where=seed=5", "--config.optim.epochs=1")
-    assert proc.returncode == 1 and "FAILED: flag --config.optim.batch_size=abc" in proc.stdout
-    proc = _sweep(path, tmp_path / "runs", "--where=loss=ce", "--config.optim.epochs=1")
+    path = sweep_fake.write(tmp_path, failing=True)  # seed=5 has more tasks than classes
+    quick = ("--config.optim.epochs=1", "--config.optim.peft_freeze_epochs=0")
+    proc = _sweep(path, tmp_path / "runs", "--where=seed=5", *quick)
+    assert proc.returncode == 1 and "FAILED: Invalid config: data.num_tasks=11" in proc.stdout
+    proc = _sweep(path, tmp_path / "runs", "--where=loss=ce", *quick)
     assert proc.returncode == 1
     assert "[1/3] fake_config/seed=0  done A_T" in proc.stdout, proc.stdout
     assert "[2/3] fake_config/seed=1  done A_T" in proc.stdout

@@ -88,6 +88,13 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         help="JAX's persistent compilation cache, shared by the runs (seeds of a cell compile "
         "the same programs); default DIR/.jax_cache, '' for none",
     )
+    parser.add_argument(
+        "--rerun_changed",
+        action="store_true",
+        help="a run folder holding a run of another config than the one the sweep would run "
+        "there is kept as <run>.replaced-<time> and the run starts afresh (without it, the "
+        "sweep stops before any run, naming the folder and the fields)",
+    )
     parser.add_argument("--slurm", action="store_true", help="print an sbatch array script")
     parser.add_argument(
         "--array_size", type=int, help="--slurm: array tasks (default: one per run)"
@@ -179,6 +186,16 @@ def _error_line(err: BaseException) -> str:
     return line if isinstance(err, main.USER_ERRORS) else f"{type(err).__name__}: {line}"
 
 
+def values(runs: Sequence[experiments.Run], where: str) -> str:
+    """What the keys of `where` take in `runs`: `method is one of coda_prompt, lae, plain`."""
+    keys = dict.fromkeys(p.partition("=")[0].strip() for p in where.split(",") if "=" in p)
+    parts = []
+    for key in keys:
+        found = sorted({v for r in runs if (v := r.value(key)) is not None})
+        parts.append(f"{key} is one of {', '.join(found)}")
+    return "; ".join(parts)
+
+
 def select(args: argparse.Namespace) -> tuple[experiments.Experiment, list[layout.Unit]]:
     experiment = registry.get(args.experiment)
     runs = experiment.runs()
@@ -190,9 +207,13 @@ def select(args: argparse.Namespace) -> tuple[experiments.Experiment, list[layou
                 f"--where={args.where}: {key!r} is not an argument of {experiment.name}'s runs; "
                 f"they have {', '.join(sorted(known))}."
             )
-    runs = experiments.filter_runs(runs, args.where)
-    if not runs:
-        raise ValueError(f"--where={args.where} matches none of {experiment.name}'s runs.")
+    selected = experiments.filter_runs(runs, args.where)
+    if not selected:
+        raise ValueError(
+            f"--where={args.where} matches none of {experiment.name}'s runs; "
+            f"{values(runs, args.where)}."
+        )
+    runs = selected
     return experiment, layout.units(runs, args.vmap_seeds)
 
 
@@ -256,19 +277,18 @@ def sweep(
     overrides: Sequence[str],
     mine,
     cost: dict[str, float] | None = None,
+    shard: str | None = None,
 ) -> tuple[int, bool]:
-    """Works on this shard's unfinished units (`claims.work`, most expensive first by
-    `cost`); the number that failed here, and whether one failed to write a checkpoint (Orbax's
-    threads of a failed save never finish: no interpreter shutdown may wait for them)."""
+    """Works on the unfinished units of `mine` (the shard `shard`, or all of `units`;
+    `claims.work`, most expensive first by `cost`); the number that failed here, and whether
+    one failed to write a checkpoint (Orbax's threads of a failed save never finish: no
+    interpreter shutdown may wait for them)."""
     from aepg_jax.runs import checkpointing
 
     started = time.time()
     todo = claims.pending(root, mine, started)
-    print(
-        f"{len(mine)} of {len(units)} runs in this shard: {len(mine) - len(todo)} done, "
-        f"{len(todo)} to run.",
-        flush=True,
-    )
+    which = f"{len(mine)} of {len(units)} runs in shard {shard}" if shard else f"{len(units)} runs"
+    print(f"{which}: {len(mine) - len(todo)} done, {len(todo)} to run.", flush=True)
     width, spent, tried = len(str(len(units))), [], []
     save_failed = False
 
@@ -336,8 +356,10 @@ def main(argv: Sequence[str]) -> int:
                 "input), e.g. --workdir=runs/demo; --list and --status work without it."
             )
         checked = preflight.check(units, overrides)  # before anything is written
+        checked = preflight.with_changes(checked, overrides)  # a changed config: its own name
     except ValueError as err:
         cli.fail(str(err))
+    units = [c.unit for c in checked]
     root = args.workdir
     mine = layout.shard(units, i, n)
     if args.slurm:
@@ -364,6 +386,12 @@ def main(argv: Sequence[str]) -> int:
             overrides,
             preflight.trainer_validate(jax.device_count()),
         )
+        ours = {id(u) for _, u in mine}
+        found = preflight.conflicts(root, [c for c in checked if id(c.unit) in ours])
+        if found and not args.rerun_changed:
+            raise ValueError(preflight.conflict_line(root, found))
+        for path in preflight.set_aside(root, found):
+            print(f"kept the run of another config as {path}", flush=True)
     except ValueError as err:
         cli.fail(str(err))
     enable_compile_cache(
@@ -373,7 +401,9 @@ def main(argv: Sequence[str]) -> int:
     layout.write_sweep_file(root, name)
     try:
         with preemption.catch():
-            failed, save_failed = sweep(units, root, overrides, mine, preflight.costs(checked))
+            failed, save_failed = sweep(
+                units, root, overrides, mine, preflight.costs(checked), args.shard
+            )
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume.", file=sys.stderr)
         return 128 + signal.SIGINT
@@ -387,4 +417,3 @@ def main(argv: Sequence[str]) -> int:
 
         hosts.leave(status, at_once=True)
     return status
-
