@@ -151,6 +151,8 @@ def test_several_problems_are_one_line_with_one_full_stop_each_gap():
     cfg = _tiny()
     cfg.optim.eps = 0.0
     cfg.loss.gamma = -1.0
-    message = str(pytest.raises(ValueError, schema.validate, cfg).value)
+    with pytest.raises(ValueError) as err:
+        schema.validate(cfg)
+    message = str(err.value)
     assert ".;" not in message and not message.endswith("..") and message.endswith(".")
     assert "loss.gamma=-1.0 must be >= 0; " in message

@@ -59,7 +59,7 @@ def _new_problems(problem: str, own: str | None) -> str:
     config (`own`, its error line without them, or None) does not have ("": none). Validation
     lines list their problems separated by "; "."""
     if own is None:
-        return problem
+        return problem.rstrip(" .")
     added = [part for part in problem.split("; ") if part.strip(" .") not in own]
     return "; ".join(added).rstrip(".")
 

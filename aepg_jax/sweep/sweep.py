@@ -287,7 +287,10 @@ def sweep(
 
     started = time.time()
     todo = claims.pending(root, mine, started)
-    which = f"{len(mine)} of {len(units)} runs in shard {shard}" if shard else f"{len(units)} runs"
+    runs = "run" if len(units) == 1 else "runs"
+    which = (
+        f"{len(mine)} of {len(units)} {runs} in shard {shard}" if shard else f"{len(units)} {runs}"
+    )
     print(f"{which}: {len(mine) - len(todo)} done, {len(todo)} to run.", flush=True)
     width, spent, tried = len(str(len(units))), [], []
     save_failed = False
