@@ -138,3 +138,33 @@ def test_the_count_line_names_a_shard_only_with_shard(fake, capsys):
     assert capsys.readouterr().out.startswith("4 runs: 0 done, 4 to run.")
     assert sweep.main(_argv(path, root, "--shard=1/2")) == 0
     assert capsys.readouterr().out.startswith("2 of 4 runs in shard 1/2: 2 done, 0 to run.")
+
+
+@pytest.mark.parametrize("module", ["main", "sweep", "tables", "plan", "checkpoints.inspect"])
+def test_help_says_what_the_command_does_without_pointing_into_the_source(module):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", f"aepg_jax.{module}", "--help"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    text = out.stdout.partition("\nflags:\n")[0]  # absl's flag list names its modules
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "aepg_jax/" not in text and ".py`" not in text and "inspect.py" not in text, text
+    if module in ("main", "sweep", "plan"):
+        assert "python -m pydoc aepg_jax.config.schema" in text  # where the fields are
+
+
+def test_inspect_exits_1_on_a_file_that_is_not_a_vit(tmp_path):
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    np.savez(tmp_path / "x.npz", a=np.zeros(3))
+    out = subprocess.run(
+        [sys.executable, "-m", "aepg_jax.checkpoints.inspect", str(tmp_path / "x.npz")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 1 and "loads:       NO: Not a ViT checkpoint" in out.stdout

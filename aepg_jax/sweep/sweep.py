@@ -1,31 +1,26 @@
-"""Runs an experiment's runs (a paper table or figure, `aepg_jax/experiments/paper.py`), resumably.
+"""Runs every run of an experiment (a table or figure of the paper, or the demo), resumably.
 
     python -m aepg_jax.sweep --experiment=NAME --workdir=DIR [--list | --status]
-        [--where key=value,...] [--shard=i/n] [--vmap_seeds]
+        [--where key=value,...] [--shard=i/n] [--vmap_seeds] [--rerun_changed]
         [--slurm [--array_size=N] [--sbatch=OPTION ...]] [--config.<field>=<value> ...]
 
-Before any run, every `--config.*` override is applied to every run's config and validated: a
-bad one stops the sweep with one `error:` line (exit 2). The process is then a worker
-(`claims.py`): it claims the next unclaimed, unfinished run (most expensive first, by
-`plan/estimate.py`) through the run's lock, until none is left, so that any number of sweep
-processes on one DIR (one per GPU, a SLURM array, a second node) share the runs and a run whose
-worker died is claimed again and resumes. Every run goes through
-`aepg_jax.main.execute` with `aepg_jax.main`'s command-line semantics: same workdir
-(`DIR/<run name>`, see `experiments/layout.py`), same config checks, same resume (an interrupted run
-continues from its last checkpoint). A run's own output goes to `<workdir>/sweep.log`; the
-sweep prints one line per run (index, name, A_T when done, the sweep's ETA). A run that fails
-is recorded (`<workdir>/sweep_error.txt`, its error line printed) and the sweep goes on; it
-exits with status 1 at the end if any failed. `--config.*` overrides (weights, data dir,
-`model.dtype`, ...) go to every run. `--shard=i/n` limits the worker to every n-th run from the
-i-th (static sharding); `--slurm` prints an sbatch array script of workers; `--vmap_seeds` runs
-the consecutive seeds of a cell as one `num_seeds` program (docs/running.md, "Many seeds
-in one program"). SIGTERM or SIGUSR1 (SLURM's preemption, requeue or `--signal`) stops the
-worker: the run in progress checkpoints its current step, no other run is claimed, and the sweep
-exits with status 128 + the signal's number (143, 138); the same command resumes. `--status`
-prints each run's status (done, running: worker, since, task t of T, failed: its error line,
-partial, todo; `overview.py`), `--list` also their `aepg_jax.main` commands; both work without
---workdir (status unknown). `python -m aepg_jax.tables DIR` then
-prints the tables.
+Before any run, every run's config (with the `--config.*` overrides, which go to every run; every
+field with its default: `python -m pydoc aepg_jax.config.schema`) is checked as
+`python -m aepg_jax.main` checks it: a problem stops the sweep with one `error:` line (exit 2),
+naming how many runs have it. An override that changes a run's result gives it a run folder of
+its own, `DIR/<run name>+<field>=<value>`; the tables read only the experiment's own runs. A
+run folder that holds a run of another config stops the sweep in one line naming the fields
+(`--rerun_changed` keeps it as `<run>.replaced-<time>` and runs afresh). Run names are
+`<config>/<arguments>` and always show the method, loss and seed (`--list` prints them with
+their `aepg_jax.main` commands). Any number of sweeps on one DIR (one per GPU, a SLURM array,
+a second node) share the runs, most expensive first, and a run whose sweep died resumes from
+its checkpoint. A run's own output goes to DIR/<run name>/sweep.log; the sweep prints one line
+per run (A_T when done, the ETA). A run that fails on its data is recorded, the others go on
+and the sweep exits 1 at the end; run it again to retry. `--shard=i/n` takes every n-th run from
+the i-th; `--slurm` prints an sbatch array script; `--vmap_seeds` trains a cell's seeds as one
+program. SIGTERM or SIGUSR1 checkpoint the run in progress and exit 143 or 138; the same
+command resumes. `--status` prints each run as done, running, failed, partial or todo.
+docs/paper.md has the details; `python -m aepg_jax.tables DIR` then prints the tables.
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 
     python -m aepg_jax.tables DIR [--experiment=NAME] [--format=markdown|latex|csv] [--out=FILE]
 
-For every cell of the experiment's tables (`aepg_jax/experiments/paper.py`): our mean ± sample
+For every cell of the experiment's tables (the paper's, or the demo's): our mean ± sample
 std over the finished runs (seeds) with their number n, the published mean ± as printed, and
 Δ = ours - paper. A cell with runs missing shows how many are done (`3/5 done`) and how many
 failed; a cell whose |Δ| > max(1, 2 x the paper's ±) is marked `(!)`. The experiment is the
 one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it. Figure experiments also
-get their plots (`plots.py`), written to `DIR/plots/`. A run whose results file cannot be
+get their plots, written to `DIR/plots/`. A run whose results file cannot be
 read (truncated, say) or holds a non-finite metric is named in one `warning:` line and counted
 as failed in its cell; a run whose results were made with another config than the experiment's
-(its saved config differs in a field that changes results, `aepg_jax/runs/identity.py`) is
+(its saved config differs in a field that changes results; where the data is does not) is
 named with those fields and left out of its cell (`k/n done, m of another config`); the command
 then exits with status 1.
 """
