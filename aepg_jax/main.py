@@ -1,23 +1,18 @@
-"""Entry point of every run: continual fine-tuning, or training from scratch.
+"""Runs one experiment: continual fine-tuning of a ViT, or training a ResNet from scratch.
 
     python -m aepg_jax.main --config=configs/<name>.py[:args] --workdir=DIR [--config.a.b=value]
 
-The config file's `get_config(arg)` builds the config, which is locked (an override of an
-unknown key or of the wrong type is an error). Its `trainer` field picks the trainer in
-`TRAINERS` (`continual`: `continual/trainer.py`; `scratch`: `scratch/trainer.py`), whose validate
-function checks it; it is then saved as
-`DIR/config.json`. Re-running with the same config and workdir resumes from the newest
-checkpoint; a different config on an existing run's workdir is refused once that run has a
-checkpoint (before its first checkpoint, e.g. after a failed start, the corrected config replaces
-the saved one). A run holds its workdir's lock while it runs (`runs/lock.py`): a second run on
-the same workdir exits 2 with one line naming the holder. Ctrl-C ends the run with one line
-saying where it stopped, exit code 130. SIGTERM and SIGUSR1 (what SLURM, spot VMs and
-preemptible TPUs send) finish the current step, write a checkpoint and end the run with one line,
-exit code 143 or 138 (`system/preemption.py`); the same command resumes it.
-Multi-host: pass `--config.distributed=True` (or set JAX_COORDINATOR_ADDRESS) to call
-`jax.distributed.initialize()` first; `python -m aepg_jax.launch` starts several processes on
-one machine (`hosts.py`). Without an accelerator the glibc allocator keeps freed pages mapped
-(`memory.py`; `AEPG_MALLOC=default` opts out).
+The config file's `get_config(args)` builds the run's config; `--config.<field>=<value>`
+changes a field (a misspelt field or a value of the wrong type is one `error:` line). Every
+field with its default and meaning: `python -m pydoc aepg_jax.config.schema` (the from-scratch
+trainer's: `python -m pydoc aepg_jax.scratch.config`); configs/README.md maps the paper's
+tables to config files. The run writes its config, metrics.jsonl, results.json, plots and
+checkpoints into DIR; the same command resumes it, and a different config in DIR is refused
+once DIR has a checkpoint (except fields that change no result: where the data and weights are,
+how often to log and checkpoint). Ctrl-C ends the run with one line (exit 130); SIGTERM and
+SIGUSR1 checkpoint the current step first (exit 143, 138); the same command resumes. Several
+processes: `--config.distributed=True`, or `python -m aepg_jax.launch` on one machine.
+docs/running.md has the details.
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ from ml_collections import config_flags
 from aepg_jax.checkpoints import augreg
 from aepg_jax.config import command_line, schema
 from aepg_jax.continual import trainer as continual_trainer
-from aepg_jax.runs import checkpointing, lock
+from aepg_jax.runs import checkpointing, identity, lock
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import trainer as scratch_trainer
 from aepg_jax.system import cli, hosts, memory, preemption, progress
@@ -83,16 +78,6 @@ def select_trainer(cfg):
     return TRAINERS[name]
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out |= _flatten(v, f"{prefix}{k}.")
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def workdir_problem(workdir: str, given: str) -> str | None:
     """Why the absolute path `workdir` (`--workdir=given`) cannot hold a run, or None: a file,
     or a directory (or its nearest existing ancestor, where it would be created) that this
@@ -135,16 +120,16 @@ def check_or_save_config(cfg, workdir: str) -> None:
                 f"{' or '.join(lacks)}); resume it with that version (git checkout {tag}) or "
                 "use a new --workdir."
             )
-        a, b = _flatten(saved), _flatten(current)
-        diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-        if not diff:
+        if saved == current:
             return
-        if has_checkpoint(workdir):
+        diff = identity.differences(saved, current)
+        if diff and has_checkpoint(workdir):
             raise ValueError(
-                f"{workdir} holds a run with another config (differs in: {', '.join(diff)}). "
-                "Use a new --workdir, or the same config to resume that run."
+                f"{workdir} holds a run with another config (differs in: {', '.join(diff)}); "
+                "use a new --workdir, or the same config to resume that run."
             )
-        # Nothing was trained that a checkpoint keeps: the corrected config starts afresh.
+        # Nothing was trained that a checkpoint keeps (the corrected config starts afresh), or
+        # only where files are and how often to log changed (`identity.NOT_IDENTITY`).
     if jax.process_index() == 0:
         os.makedirs(workdir, exist_ok=True)
         tmp = f"{path}.tmp"

@@ -44,7 +44,7 @@ def write(tmp, steps=3, every=0, failing=False, cache=None):
         CONFIG.format(tests=str(TESTS), cache=str(cache or tmp / "cache"), steps=steps, every=every)
     )
     extra = (
-        f"[Grid({str(config)!r}, 'loss=ce,seed=5', overrides=(('optim.batch_size', 'abc'),))]"
+        f"[Grid({str(config)!r}, 'loss=ce,seed=5', overrides=(('data.num_tasks', '11'),))]"
         if failing
         else "[]"
     )

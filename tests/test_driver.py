@@ -92,12 +92,19 @@ def test_rerun_of_a_finished_run_resumes_without_training(tmp_path, capsys):
     cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 2, "max_steps_per_task": 2})
     first = trainer.run(cfg, str(tmp_path / "run"))
     lines = len(_read_jsonl(tmp_path / "run" / "metrics.jsonl"))
+    written = (tmp_path / "run" / "results.json").read_bytes()
+    (tmp_path / "run" / "accuracy_matrix.png").unlink()
     capsys.readouterr()
     again = trainer.run(cfg, str(tmp_path / "run"))
     out = capsys.readouterr()
     assert "is finished (2 tasks)" in out.out + out.err and "resuming" not in out.out + out.err
     assert again["accuracy_matrix"] == first["accuracy_matrix"]
     assert len(_read_jsonl(tmp_path / "run" / "metrics.jsonl")) == lines  # nothing retrained
+    # The finished run's results.json (its compile figures, wall time) stays byte for byte;
+    # the reports beside it are made again.
+    assert (tmp_path / "run" / "results.json").read_bytes() == written
+    assert again["compilations"] == json.loads(written)["compilations"]
+    assert (tmp_path / "run" / "accuracy_matrix.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_other_config_in_existing_workdir_is_refused(tmp_path):

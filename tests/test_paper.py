@@ -188,7 +188,9 @@ def test_list_prints_all_table1_runs_with_their_commands(tmp_path, capsys):
     assert sweep.main(["--experiment=table1", f"--workdir={tmp_path}", "--list"]) == 0
     out = capsys.readouterr().out.splitlines()
     heads = [line for line in out if line.startswith("[")]
-    commands = [line.strip() for line in out if line.startswith("    python -m aepg_jax.main")]
+    commands = [
+        line.strip() for line in out if line.startswith("    ") and " -m aepg_jax.main" in line
+    ]
     assert len(heads) == 210 and len(commands) == 210
     assert heads[0].startswith("[  1/210] todo    imagenet_r/")
     assert all("--config=configs/imagenet_r.py:tasks=" in c for c in commands)

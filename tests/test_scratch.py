@@ -84,8 +84,11 @@ def test_runs_end_to_end_and_writes_its_reports(tmp_path):
     resumed = trainer.run(cfg, str(tmp_path / "run"))
     for key in CURVES:
         assert resumed[key] == results[key], key
-    # A re-run of the finished run trains nothing and reports the same.
+    # A re-run of the finished run trains nothing, reports the same and keeps its results.json
+    # byte for byte (its wall time included).
+    written = (tmp_path / "run" / "results.json").read_bytes()
     again = trainer.run(cfg, str(tmp_path / "run"))
+    assert (tmp_path / "run" / "results.json").read_bytes() == written
     assert again["test_acc"] == results["test_acc"]
     assert len(_records(tmp_path / "run" / "metrics.jsonl", "train")) == len(train) + 2
 

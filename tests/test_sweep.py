@@ -117,6 +117,8 @@ def _fake_execute(calls, monkeypatch):
 
     def execute(cfg, workdir):
         calls.append((cfg.loss.name, cfg.seed, cfg.optim.epochs, workdir))
+        if cfg.data.num_tasks > 10:  # what the real run finds once it has loaded digits
+            raise ValueError(f"Invalid config: data.num_tasks={cfg.data.num_tasks} exceeds 10.")
         results = {"A_T": 40.0 + cfg.seed, "avg_inc_acc": 50.0}
         pathlib.Path(workdir, "results.json").write_text(json.dumps(results))
         return results
@@ -132,20 +134,24 @@ def test_failing_run_is_reported_and_the_others_run(tmp_path, monkeypatch, capsy
     assert sweep.main([*argv, "--compile_cache="]) == sweep.EXIT_FAILED_RUNS
     out, err = capsys.readouterr()
     assert sorted((c[0], c[1], c[2]) for c in calls) == [
-        ("aepg", 0, 3), ("aepg", 1, 3), ("ce", 0, 3), ("ce", 1, 3)
+        ("aepg", 0, 3), ("aepg", 1, 3), ("ce", 0, 3), ("ce", 1, 3), ("ce", 5, 3)
     ]  # fmt: skip
     lines = [line for line in out.splitlines() if line.startswith("[")]
-    assert len(lines) == 5 and lines[1].startswith("[2/5] fake_config/seed=1  done A_T 41.00")
-    failed = "[5/5] fake_config/seed=5+optim.batch_size=abc  FAILED: flag --config.optim.batch_size"
-    assert lines[4].startswith(failed) and "error: 1 of 5 runs failed" in err
-    bad = tmp_path / "runs/fake_config/seed=5+optim.batch_size=abc"
-    assert "invalid literal for int()" in (bad / layout.ERROR_FILE).read_text()
+    # --config.optim.epochs=3 changes the runs' result: they run under names of their own.
+    ce1 = "[2/5] fake_config/loss=ce,seed=1+optim.epochs=3  done A_T 41.00"
+    assert len(lines) == 5 and any(line.startswith(ce1) for line in lines), out
+    name = "fake_config/loss=ce,seed=5+data.num_tasks=11+optim.epochs=3"
+    failed = [line for line in lines if line.startswith(f"[5/5] {name}  FAILED: ")]
+    assert failed and "data.num_tasks=11 exceeds 10" in failed[0]
+    assert "error: 1 of 5 runs failed" in err
+    bad = tmp_path / "runs" / name
+    assert "data.num_tasks=11" in (bad / layout.ERROR_FILE).read_text()
     text = tables.render(f"{tmp_path}/runs", registry.get(path), "markdown")
-    assert "| CE | 40.5 ± 0.7 (2/3 done, 1 failed) | 10.0 ± 1.0 | +30.5 (!) |" in text
+    assert "| CE | — (0/3 done) |" in text  # the experiment's own config never ran
 
     calls.clear()  # again: only the failed run is tried, and it fails again
     assert sweep.main([*argv, "--compile_cache="]) == sweep.EXIT_FAILED_RUNS
-    assert calls == [] and "5 of 5 runs in this shard: 4 done, 1 to run." in capsys.readouterr().out
+    assert [c[1] for c in calls] == [5] and "5 runs: 4 done, 1 to run." in capsys.readouterr().out
 
 
 def test_where_and_shard_select_runs(tmp_path, monkeypatch, capsys):
@@ -183,13 +189,15 @@ def test_a_misspelt_override_stops_the_sweep_before_any_run(tmp_path, monkeypatc
             with pytest.raises(SystemExit) as err:
                 sweep.main([*base, bad, *extra])
             line = _one_error_line(capsys)
-            assert err.value.code == 2 and says in line and "fake_config/seed=0" in line, line
+            assert err.value.code == 2 and says in line, line
+            assert "fake_config/loss=ce,seed=0" in line, line
     assert calls == [] and not (tmp_path / "runs").exists()  # nothing ran, nothing written
 
 
-def test_an_override_adding_a_problem_to_a_run_broken_on_its_own_is_caught():
-    """Table 1's runs fail validation until model.checkpoint is given; an override that adds a
-    problem of its own still stops the sweep, one that does not is left to the runs."""
+def test_a_problem_of_the_runs_own_configs_stops_the_sweep_in_one_line():
+    """Table 1's runs fail validation until model.checkpoint is given: one line for all of
+    them, before any run; an override that adds a problem of its own is named as the
+    override's, with the first run it breaks."""
     from aepg_jax.sweep import preflight
 
     units = layout.units(registry.get("demo").runs()[:3])
@@ -200,10 +208,37 @@ def test_an_override_adding_a_problem_to_a_run_broken_on_its_own_is_caught():
             problems.append("optim.epochs must be >= 1.")
         raise ValueError("Invalid config: " + "; ".join(problems))
 
-    assert len(preflight.check(units, [], validate)) == 3
-    assert len(preflight.check(units, ["--config.optim.epochs=3"], validate)) == 3
+    for overrides in ([], ["--config.optim.epochs=3"]):
+        with pytest.raises(ValueError) as err:
+            preflight.check(units, overrides, validate)
+        assert str(err.value) == (
+            "Invalid config: model.checkpoint is needed (for all 3 runs); nothing ran: fix it "
+            "with --config.<field>=<value> or in the experiment's config file."
+        )
     with pytest.raises(ValueError, match=r"optim.epochs must be >= 1.* for run demo/"):
         preflight.check(units, ["--config.optim.epochs=0"], validate)
+
+    def some(cfg):
+        if cfg.seed == 1:
+            raise ValueError("Invalid config: seed 1 is broken.")
+
+    with pytest.raises(ValueError, match=r"seed 1 is broken \(for 1 of the 3 runs, e.g. demo/"):
+        preflight.check(units, [], some)
+
+
+def test_table1_without_its_weights_is_one_line_and_no_run_folder(tmp_path):
+    """The README's paper command without --config.model.checkpoint: exit 2, one line naming
+    the field and the 210 runs, within a minute, nothing written."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "aepg_jax.sweep", "--experiment=table1", f"--workdir={tmp_path}/t1"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert "model.init=augreg needs model.checkpoint=" in lines[0]
+    assert "(for all 210 runs)" in lines[0]
+    assert time.monotonic() - start < 60 and not (tmp_path / "t1").exists()
 
 
 def test_command_line_mistakes_are_one_line(tmp_path, capsys):
@@ -223,7 +258,7 @@ def test_list_and_status_without_and_with_a_workdir(tmp_path, capsys):
     path = sweep_fake.write(tmp_path)
     assert sweep.main([f"--experiment={path}", "--list"]) == 0
     out = capsys.readouterr().out
-    assert out.count(" unknown ") == 4 and "--workdir=<workdir>/fake_config/seed=0" in out
+    assert out.count(" unknown ") == 4 and "--workdir=<workdir>/fake_config/loss=ce,seed=0" in out
     root = tmp_path / "runs"
     runs = registry.get(path).runs()
     done, failed, held, _ = (root / r.name for r in runs)
@@ -238,7 +273,7 @@ def test_list_and_status_without_and_with_a_workdir(tmp_path, capsys):
     with lock.hold(str(held)):
         assert sweep.main([f"--experiment={path}", f"--workdir={root}", "--status"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("[1/4] done    fake_config/seed=0")
+    assert lines[0].startswith("[1/4] done    fake_config/loss=ce,seed=0")
     assert lines[1].endswith("(optim.epochs=-1 must be >= 1.)") and " failed " in lines[1]
     assert " running " in lines[2] and f"pid {os.getpid()} since " in lines[2]
     assert lines[2].endswith(", task 2 of 2)") and " todo " in lines[3]
@@ -303,7 +338,7 @@ def test_sigkill_mid_run_then_restart_ends_with_the_same_table(straight, tmp_pat
     path, reference = straight
     root = tmp_path / "runs"
     proc = _sweep(path, root, wait=False)
-    second = root / "fake_config/seed=1"
+    second = root / "fake_config/loss=ce,seed=1"
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:  # a mid-task checkpoint of run 2
         ckpts = second / "checkpoints"
@@ -313,11 +348,11 @@ def test_sigkill_mid_run_then_restart_ends_with_the_same_table(straight, tmp_pat
     assert proc.poll() is None, "the sweep ended before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert (root / "fake_config/seed=0/results.json").exists()
+    assert (root / "fake_config/loss=ce,seed=0/results.json").exists()
     assert not (second / "results.json").exists()
     again = _sweep(path, root)
     assert again.returncode == 0, again.stdout
-    assert "4 of 4 runs in this shard: 1 done, 3 to run." in again.stdout
+    assert "4 runs: 1 done, 3 to run." in again.stdout
     assert _matrices(root) == _matrices(reference)
     assert _table(path, root) == _table(path, reference)
     assert "(n=2)" in _table(path, root)
@@ -340,13 +375,14 @@ def test_three_shards_run_each_run_once_and_their_table_is_the_one_process_one(s
 
 @pytest.mark.slow
 def test_a_real_failing_run_does_not_stop_the_others(tmp_path):
-    path = sweep_fake.write(tmp_path, failing=True)
-    proc = _sweep(path, tmp_path / "runs", "--where=seed=5", "--config.optim.epochs=1")
-    assert proc.returncode == 1 and "FAILED: flag --config.optim.batch_size=abc" in proc.stdout
-    proc = _sweep(path, tmp_path / "runs", "--where=loss=ce", "--config.optim.epochs=1")
+    path = sweep_fake.write(tmp_path, failing=True)  # seed=5 has more tasks than classes
+    quick = ("--config.optim.epochs=1", "--config.optim.peft_freeze_epochs=0")
+    proc = _sweep(path, tmp_path / "runs", "--where=seed=5", *quick)
+    assert proc.returncode == 1 and "FAILED: Invalid config: data.num_tasks=11" in proc.stdout
+    proc = _sweep(path, tmp_path / "runs", "--where=loss=ce", *quick)
     assert proc.returncode == 1
-    assert "[1/3] fake_config/seed=0  done A_T" in proc.stdout, proc.stdout
-    assert "[2/3] fake_config/seed=1  done A_T" in proc.stdout
+    assert "[1/3] fake_config/loss=ce,seed=0  done A_T" in proc.stdout, proc.stdout
+    assert "[2/3] fake_config/loss=ce,seed=1  done A_T" in proc.stdout
     assert "error: 1 of 3 runs failed" in proc.stdout
 
 
@@ -401,7 +437,7 @@ def test_vmap_seeds_runs_a_cell_as_one_program_and_tables_read_its_seeds(
     assert sweep.main([*argv, "--compile_cache="]) == 0
     assert calls == [("ce", 0, 2), ("aepg", 0, 2)]
     out = capsys.readouterr().out
-    assert "[1/2] fake_config/seeds=0-1  done A_T 30.50 ± 0.71 (2 seeds)" in out
+    assert "[1/2] fake_config/loss=ce,seeds=0-1  done A_T 30.50 ± 0.71 (2 seeds)" in out
     text = tables.render(f"{tmp_path}/runs", registry.get(path), "markdown")
     assert "| CE | 30.5 ± 0.7 (n=2) | 10.0 ± 1.0 | +20.5 (!) |" in text
     assert sweep.main([*argv, "--list"]) == 0
@@ -413,5 +449,5 @@ def test_vmap_seeds_gives_the_table_of_separate_runs(straight, tmp_path):
     path, reference = straight
     proc = _sweep(path, tmp_path / "runs", "--vmap_seeds")
     assert proc.returncode == 0, proc.stdout
-    assert "[1/2] fake_config/seeds=0-1  done A_T" in proc.stdout
+    assert "[1/2] fake_config/loss=ce,seeds=0-1  done A_T" in proc.stdout
     assert _table(path, tmp_path / "runs") == _table(path, reference)

@@ -171,9 +171,22 @@ def test_not_prepared_error_gives_the_build_command(tmp_path):
         message = str(info.value)
         command = f"tfds build {name} --file_format=array_record --data_dir={tmp_path}"
         assert command in message and command == prepare_command(name, tmp_path)
-        assert "not prepared" in message and "needs TensorFlow" in message
+        assert "\n" not in message and f"is not prepared in {tmp_path}" in message
+        assert f"(data.data_dir={tmp_path})" in message
         assert f"python -m aepg_jax.prepare {name} --source=ARCHIVE" in message
+        assert "manual_dir" not in message
         assert isinstance(info.value, FileNotFoundError)
+
+
+def test_a_missing_dataset_in_the_default_data_dir_says_so_in_one_line(capsys):
+    """data.data_dir unset: the line names TFDS's default directory as the default, and TFDS's
+    own warnings about its missing dataset_info.json are not shown."""
+    with pytest.raises(DatasetNotPreparedError) as info:
+        load_tfds("cifar100", data_dir=None)
+    message = str(info.value)
+    assert "\n" not in message and "TFDS's default: data.data_dir is not set" in message
+    assert "--config.data.data_dir=" in message
+    assert capsys.readouterr().err == ""  # no TFDS warnings before it
 
 
 def test_wrong_file_format_error_gives_the_build_command(real_fashion_mnist, tmp_path):

@@ -123,3 +123,36 @@ def test_scratch_float_fields_must_be_finite():
     cfg.optim.learning_rate = 1e300
     with pytest.raises(ValueError, match=r"optim.learning_rate=1e\+300 must be finite"):
         scratch_config.validate(cfg)
+
+
+def test_a_freeze_as_long_as_the_task_that_never_trains_peft_is_refused():
+    """`optim.epochs=1` on a config with `peft_freeze_epochs=1` would train only the head in
+    every task after the first: refused in one line naming both fields (what the demo with
+    `--config.optim.epochs=1` gets); a method without model.peft modules is not concerned."""
+    cfg = _tiny()
+    cfg.model.peft.kind = "lora"
+    cfg.optim.update(dict(epochs=1, peft_freeze_epochs=1))
+    with pytest.raises(ValueError) as err:
+        schema.validate(cfg)
+    message = str(err.value)
+    assert message == (
+        "Invalid config: optim.peft_freeze_epochs=1 >= optim.epochs=1: tasks 2..5 would train "
+        "only the head (the model.peft modules never train after task 1); set "
+        "optim.peft_freeze_epochs below 1 (0: no head-only epochs)."
+    )
+    cfg.optim.peft_freeze_epochs = 0
+    schema.validate(cfg)
+    cfg.optim.peft_freeze_epochs = 1
+    cfg.model.peft.kind = "none"  # nothing to freeze: a head-only run is what was asked
+    schema.validate(cfg)
+
+
+def test_several_problems_are_one_line_with_one_full_stop_each_gap():
+    cfg = _tiny()
+    cfg.optim.eps = 0.0
+    cfg.loss.gamma = -1.0
+    with pytest.raises(ValueError) as err:
+        schema.validate(cfg)
+    message = str(err.value)
+    assert ".;" not in message and not message.endswith("..") and message.endswith(".")
+    assert "loss.gamma=-1.0 must be >= 0; " in message

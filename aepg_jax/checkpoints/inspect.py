@@ -110,7 +110,10 @@ def inspect_file(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m aepg_jax.checkpoints.inspect",
+        description=__doc__.splitlines()[0] + " Exit status 0: it loads; 1: it does not.",
+    )
     parser.add_argument("file", help="a ViT .npz or timm .safetensors file, or an hf-hub: id")
     parser.add_argument(
         "--image-size",

@@ -234,7 +234,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         p,
     )
     if p:
-        raise ValueError("Invalid config: " + "; ".join(p))
+        raise ValueError(validation.joined(p))
 
 
 def validate_against_dataset(cfg: ml_collections.ConfigDict, num_classes: int) -> None:

@@ -19,6 +19,19 @@ NORMALIZE = ("minus_one_one", "none")
 LR_SCHEDULES = ("constant", "cosine_epochs")
 
 
+def trains_model_peft(cfg: ml_collections.ConfigDict) -> bool:
+    """Whether the run trains `model.peft` modules (a PEFT kind, and a method that uses them)."""
+    from aepg_jax import methods
+
+    method = methods.REGISTRY.get(cfg.method.name)
+    return cfg.model.peft.kind != "none" and method is not None and method.uses_model_peft
+
+
+def joined(problems: list[str]) -> str:
+    """`Invalid config: <problem>; <problem>.`: the problems in one line, one full stop."""
+    return "Invalid config: " + "; ".join(q.rstrip(" .") for q in problems) + "."
+
+
 def check(condition: bool, message: str, problems: list[str]) -> None:
     if not condition:
         problems.append(message)
@@ -192,6 +205,13 @@ def training_problems(cfg: ml_collections.ConfigDict, num_devices: int, p: list[
         f"optim.peft_freeze_epochs={o.peft_freeze_epochs} must be in [0, optim.epochs].",
         p,
     )
+    if 0 < o.epochs <= o.peft_freeze_epochs and trains_model_peft(cfg) and cfg.data.num_tasks > 1:
+        p.append(
+            f"optim.peft_freeze_epochs={o.peft_freeze_epochs} >= optim.epochs={o.epochs}: "
+            f"tasks 2..{cfg.data.num_tasks} would train only the head (the model.peft modules "
+            f"never train after task 1); set optim.peft_freeze_epochs below {o.epochs} "
+            "(0: no head-only epochs)"
+        )
     for name, batch in (
         ("optim.batch_size", o.batch_size),
         ("eval.batch_size", cfg.eval.batch_size),

@@ -263,10 +263,19 @@ def provenance(run: Run, seed_index: int, env: dict) -> dict:
     }
 
 
-def report(run: Run, book: Bookkeeping, wall: float, compilations: dict | None = None) -> dict:
+def report(
+    run: Run,
+    book: Bookkeeping,
+    wall: float,
+    compilations: dict | None = None,
+    finished: bool = False,
+) -> dict:
     """Writes each seed's results.json and plots (plus the seeds' summary, results_seeds.json),
     prints the terminal table and returns the run's results;
-    `compilations` (`compiles.Counter.summary`) goes into each results file."""
+    `compilations` (`compiles.Counter.summary`) goes into each results file. `finished`: the
+    run had finished before this process started; its results files stay as they are
+    (`records.kept_results`) and only the plots and the table are made again from them."""
+    write = records.kept_results if finished else records.write_results
     env = environment.describe()
     per_seed = [
         build_results(
@@ -283,8 +292,10 @@ def report(run: Run, book: Bookkeeping, wall: float, compilations: dict | None =
         for res in per_seed:
             res["compilations"] = compilations
     if run.is_main:
-        for res, directory in zip(per_seed, book.seed_dirs, strict=True):
-            records.write_results(directory, res)
+        for i, directory in enumerate(book.seed_dirs):
+            kept = write(directory, per_seed[i])
+            per_seed[i] = kept if finished else per_seed[i]
+            res = per_seed[i]
             plots.write_plots(
                 directory, res, records.read_metrics(os.path.join(directory, records.METRICS_FILE))
             )
@@ -296,6 +307,7 @@ def report(run: Run, book: Bookkeeping, wall: float, compilations: dict | None =
     if compilations is not None:
         summary["compilations"] = compilations
     if run.is_main:
-        records.write_results(run.workdir, summary, records.SEEDS_RESULTS_FILE)
+        kept = write(run.workdir, summary, records.SEEDS_RESULTS_FILE)
+        summary = kept if finished else summary
         print(seeds_table(summary))
     return summary

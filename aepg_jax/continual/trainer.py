@@ -304,8 +304,9 @@ def restore(
     if run.is_main:
         if start_task >= run.num_tasks:
             line = (
-                f"the run in {ckpt.directory} is finished ({run.num_tasks} tasks): rewriting "
-                "its reports only; use a new --workdir to train again."
+                f"the run in {ckpt.directory} is finished ({run.num_tasks} tasks): its results "
+                "files stay as written, its plots are made again; use a new --workdir to train "
+                "again."
             )
         else:
             line = f"resuming from {ckpt.directory}: task {start_task + 1}, step {start_step}"
@@ -643,7 +644,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
                 ckpt.wait()
                 start_step = 0
             ckpt.wait()
-            out = report(r, book, book.elapsed(), counter.summary())
+            finished = start_task >= r.num_tasks  # before this process: its results stay
+            out = report(r, book, book.elapsed(), counter.summary(), finished)
             if r.is_main:
                 print(counter.line())
             return out

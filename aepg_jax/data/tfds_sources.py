@@ -39,6 +39,7 @@ TensorFlow" banner when that happens). The mock ignores split slicing (every spl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import io
@@ -239,6 +240,19 @@ def _split_bounds(split: str, sizes: Mapping[str, int]) -> tuple[str, int, int]:
     return base, start, stop
 
 
+@contextlib.contextmanager
+def _absl_quiet():
+    """absl's (TFDS's) log below ERROR is dropped while inside."""
+    from absl import logging as absl_logging
+
+    before = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(before)
+
+
 def _open(
     spec: TfdsSpec, splits: list[str], data_dir: str | os.PathLike[str] | None
 ) -> list[TfdsSource]:
@@ -251,9 +265,11 @@ def _open(
         )
 
     try:
-        sources = open_with(skip)
+        with _absl_quiet():  # TFDS's warnings on a missing dataset_info.json: said below
+            sources = open_with(skip)
     except Exception as err:
-        _raise_if_not_prepared(spec.tfds_name, data_dir, err)
+        with _absl_quiet():
+            _raise_if_not_prepared(spec.tfds_name, data_dir, err)
         raise
     try:
         for source in sources:
@@ -293,27 +309,26 @@ def _raise_if_not_prepared(
     except Exception:  # Not a preparation problem we can name: the caller re-raises `error`.
         return
     root = os.fspath(data_dir) if data_dir is not None else os.fspath(builder.data_dir_root)
+    looked = (
+        f"data.data_dir={root}"
+        if data_dir is not None
+        else f"{root}, TFDS's default: data.data_dir is not set"
+    )
     if not builder.is_prepared():
-        problem = f"it is not prepared (no dataset_info.json in {builder.data_dir})."
-    else:
-        formats = builder.info.available_file_formats()
-        if formats & set(tfds.core.FileFormat.with_random_access()):
-            return
-        found = ", ".join(sorted(f.value for f in formats)) or "no known file format"
-        problem = (
-            f"it is prepared in {builder.data_dir} as {found}, but reading without TensorFlow "
-            "needs array_record (or parquet). Prepare it in another data_dir, or delete that "
-            "directory first."
-        )
+        raise DatasetNotPreparedError(
+            f"TFDS dataset {name!r} is not prepared in {builder.data_dir} ({looked}): prepare "
+            f"it with `python -m aepg_jax.prepare {name} --source=ARCHIVE --data_dir={root}` "
+            "(the archives: docs/data.md, 'What you prepare'; where TensorFlow is installed, "
+            f"`{prepare_command(name, root)}` also does) or pass "
+            "--config.data.data_dir=<the directory it is prepared in>."
+        ) from error
+    formats = builder.info.available_file_formats()
+    if formats & set(tfds.core.FileFormat.with_random_access()):
+        return
+    found = ", ".join(sorted(f.value for f in formats)) or "no known file format"
     raise DatasetNotPreparedError(
-        f"TFDS dataset {name!r} cannot be read: {problem}\n"
-        "Prepare it once, offline and without TensorFlow, from the archive you downloaded "
-        "(docs/data.md, 'What you prepare', has the URLs):\n\n"
-        f"    python -m aepg_jax.prepare {name} --source=ARCHIVE --data_dir={root}\n\n"
-        f"or, where TensorFlow is installed, with:\n\n    {prepare_command(name, root)}\n\n"
-        "`tfds build` needs TensorFlow (the tfds command line imports it): run it once in an "
-        "environment that has it, e.g. a separate venv with `pip install tensorflow "
-        "tensorflow-datasets array_record`. Training reads the prepared array_record files with "
-        "`tfds.data_source` and does not need TensorFlow. Some datasets also require a manual "
-        "download (`--manual_dir`): see the dataset's page in the TFDS catalog."
+        f"TFDS dataset {name!r} is prepared in {builder.data_dir} ({looked}) as {found}, but "
+        f"reading it without TensorFlow needs array_record: delete {builder.data_dir} and "
+        f"prepare it again with `python -m aepg_jax.prepare {name} --source=ARCHIVE "
+        f"--data_dir={root}` or `{prepare_command(name, root)}` (or into another data_dir)."
     ) from error

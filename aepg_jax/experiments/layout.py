@@ -10,7 +10,10 @@
     <workdir>/sweep_error.txt            the last attempt's error line, while it has failed
 
 A `Unit` is what one process runs at once: one run, or (with `vmap_seeds`) the consecutive
-seeds of one cell as a single `num_seeds` program.
+seeds of one cell as a single `num_seeds` program. A sweep's `--config.*` overrides that change
+a run's result (every field but those of `NOT_IDENTITY`: where files are, how often to log and
+checkpoint) give it a workdir of its own, `<run.name>+<field>=<value>...`, so that it never
+counts as, or resumes, the run of the experiment's own config; the tables read only the latter.
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ SEEDS_RESULTS_FILE = "results_seeds.json"
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-    """One program: `runs` (one, or consecutive seeds of one cell) in the workdir `name`."""
+    """One program: `runs` (one, or consecutive seeds of one cell) in the workdir `name`;
+    `changed`: the (field, value) pairs in which the sweep's overrides change its config."""
 
     runs: tuple[Run, ...]
+    changed: tuple[tuple[str, str], ...] = ()
 
     @property
     def vmapped(self) -> bool:
@@ -46,9 +51,11 @@ class Unit:
 
     @property
     def name(self) -> str:
+        suffix = "".join(f"+{k}={v}" for k, v in self.changed)
         if not self.vmapped:
-            return self.runs[0].name
-        return f"{_program_prefix(self.runs[0])}seeds={self.runs[0].seed}-{self.runs[-1].seed}"
+            return self.runs[0].name + suffix
+        first, last = self.runs[0].seed, self.runs[-1].seed
+        return f"{_program_prefix(self.runs[0])}seeds={first}-{last}{suffix}"
 
     @property
     def config_arg(self) -> str:
@@ -67,9 +74,44 @@ class Unit:
         return SEEDS_RESULTS_FILE if self.vmapped else RESULTS_FILE
 
     def command(self, root: str, extra: Sequence[str] = ()) -> str:
-        """The equivalent `python -m aepg_jax.main` command line."""
+        """The equivalent `aepg_jax.main` command line, runnable as printed: this Python
+        (`.venv/bin/python` when it is the venv below the working directory)."""
         args = [f"--config={self.config_arg}", f"--workdir={os.path.join(root, self.name)}"]
-        return shlex.join(["python", "-m", "aepg_jax.main", *args, *self.overrides(extra)])
+        return shlex.join([python(), "-m", "aepg_jax.main", *args, *self.overrides(extra)])
+
+    def result_files(self, root: str | os.PathLike) -> list[pathlib.Path]:
+        """Where this unit's runs write their results.json (one per run)."""
+        workdir = pathlib.Path(root) / self.name
+        if not self.vmapped:
+            return [workdir / RESULTS_FILE]
+        return [workdir / f"seed_{r.seed}" / RESULTS_FILE for r in self.runs]
+
+
+def python() -> str:
+    """This interpreter as a command: relative to the working directory when below it."""
+    exe = sys.executable
+    try:
+        rel = os.path.relpath(exe)
+    except ValueError:
+        return exe
+    return rel if not rel.startswith("..") else exe
+
+
+def has_checkpoint(workdir: str | os.PathLike) -> bool:
+    """Whether `<workdir>/checkpoints` holds a checkpoint (a step directory)."""
+    directory = pathlib.Path(workdir) / "checkpoints"
+    return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
+
+
+def saved_config(root: str | os.PathLike, unit: Unit) -> dict | None:
+    """The config a unit's workdir holds a run of (finished, or with a checkpoint to resume),
+    or None: a workdir with neither takes whatever config runs next (`main`)."""
+    workdir = pathlib.Path(root) / unit.name
+    if not (workdir / "config.json").exists():
+        return None
+    if not (has_checkpoint(workdir) or any(p.exists() for p in unit.result_files(root))):
+        return None
+    return read_json(workdir / "config.json")
 
 
 def _program_prefix(run: Run) -> str:
@@ -174,7 +216,11 @@ def run_error(root: str | os.PathLike, run: Run) -> str | None:
 
 def unit_status(root: str | os.PathLike, unit: Unit) -> str:
     """done (every run has results), failed, partial (started) or todo."""
-    if all(run_results(root, r) is not None for r in unit.runs):
+    if unit.changed:  # only its own workdir holds runs of its config
+        done = all(read_json(p) is not None for p in unit.result_files(root))
+    else:
+        done = all(run_results(root, r) is not None for r in unit.runs)
+    if done:
         return "done"
     workdir = pathlib.Path(root) / unit.name
     if (workdir / ERROR_FILE).exists():

@@ -9,8 +9,10 @@ results. The paper's experiments are in `aepg_jax/experiments/paper.py`; `regist
 one, or loads `EXPERIMENT` from a Python file (`--experiment=path/to/file.py`).
 
 Each run has a workdir name, `<config stem>/<key=value,...>`: its arguments sorted (seed last),
-without those that leave the config as its default (so that Table 3's `loss=aepg` and Table 8's
-`tau=6` with the same other arguments share one run), and `+field=value` per grid override.
+without those that leave the config as its default (so that a run given `tau=6`, the default,
+shares its workdir with the same run given no `tau`) except `method`, `loss` and `seed`, always
+shown (filled in from the config file's defaults where a run does not give them: the demo's
+`demo/loss=aepg,method=lae,seed=0`), and `+field=value` per grid override.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dataclasses
 import functools
 import importlib.util
 import itertools
+import json
 import math
 import pathlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -73,6 +76,19 @@ def _config_json(path: str, arg: str) -> str | None:
         return None
 
 
+# Arguments every run name shows, with the config field each sets: what a run is (its method
+# and loss) reads from its name even where the value is the config file's default.
+NAMED = {"method": "method.name", "loss": "loss.name", SEED: "seed"}
+
+
+def _field(config_json: str, dotted: str):
+    """The value of the field `dotted` in a config's JSON (None if it has none)."""
+    value = json.loads(config_json)
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def _arg_text(args: Iterable[tuple[str, str]]) -> str:
     return ",".join(f"{k}={v}" for k, v in args)
 
@@ -99,7 +115,12 @@ class Run:
         return None if value is None else int(value)
 
     def value(self, key: str) -> str | None:
-        return self.stem if key == CONFIG_KEY else dict(self.args).get(key)
+        """The run's value of the argument `key` (or its config stem): as given, else as its
+        name shows it (`NAMED`'s defaults)."""
+        if key == CONFIG_KEY:
+            return self.stem
+        given = dict(self.args).get(key)
+        return given if given is not None else dict(self.canonical_args()).get(key)
 
     def matches(self, where: Mapping[str, Any]) -> bool:
         """Every `key: value` of `where` is one of this run's arguments (or its config stem)."""
@@ -108,13 +129,22 @@ class Run:
         )
 
     def canonical_args(self) -> tuple[tuple[str, str], ...]:
-        """The arguments that change the config (the seed always kept), sorted, seed last."""
+        """The arguments that change the config, and those of `NAMED` whatever their value
+        (filled in from the config when the config file takes them and the run gives none),
+        sorted, seed last."""
         keep = []
         full = _config_json(self.config, self.arg)
         for key, value in self.args:
             rest = _arg_text((k, v) for k, v in self.args if k != key)
-            if key == SEED or full is None or _config_json(self.config, rest) != full:
+            if key in NAMED or full is None or _config_json(self.config, rest) != full:
                 keep.append((key, value))
+        given = dict(self.args)
+        for key, field in NAMED.items():
+            value = _field(full, field) if full is not None and key not in given else None
+            if isinstance(value, str):  # the config file's own default, when it takes the key
+                with_it = _arg_text((*self.args, (key, value)))
+                if _config_json(self.config, with_it) == full:
+                    keep.append((key, value))
         return tuple(sorted(keep, key=lambda kv: (kv[0] == SEED, kv[0])))
 
     @property

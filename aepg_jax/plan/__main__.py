@@ -1,4 +1,14 @@
-"""`python -m aepg_jax.plan`: see `aepg_jax/plan/__init__.py`."""
+"""Plans a run for TPUs and GPUs without one: compiles every program of the run for each
+--target and prints per program its memory per device against the chip's, FLOPs, bytes and
+collectives, then the run's projected time; a program that does not fit exits 2 in one line.
+
+    python -m aepg_jax.plan --config=configs/imagenet_r.py:tasks=10,method=lae \
+        --config.model.init=random --target=tpu:v5e:4x4 --target=gpu:h100 [--max_batch]
+
+--config and --config.<field>=<value> are those of `python -m aepg_jax.main`; every field with
+its default: `python -m pydoc aepg_jax.config.schema`. TPU and GPU targets need the planner's
+own venv (`bash scripts/install.sh aot`); docs/planning.md has the details.
+"""
 
 from __future__ import annotations
 

@@ -178,6 +178,21 @@ def _umask() -> int:
     return mask
 
 
+def kept_results(
+    workdir: str | os.PathLike, results: Mapping[str, Any], filename: str = RESULTS_FILE
+) -> dict:
+    """The results a finished run wrote into `<workdir>/<filename>` when it finished (a re-run
+    keeps them byte for byte: its own figures, e.g. compile counts, would replace the ones the
+    finished run measured); `results` written there when the file is missing or unreadable."""
+    path = Path(workdir) / filename
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        write_results(workdir, results, filename)
+        return dict(results)
+
+
 def write_results(
     workdir: str | os.PathLike, results: Mapping[str, Any], filename: str = RESULTS_FILE
 ) -> Path:

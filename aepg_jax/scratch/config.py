@@ -172,7 +172,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         p,
     )
     if p:
-        raise ValueError("Invalid config: " + "; ".join(p))
+        raise ValueError(validation.joined(p))
 
 
 def resnet_spec(cfg: ml_collections.ConfigDict) -> resnet.ResNetSpec:

@@ -342,10 +342,13 @@ class _Run:
                     f"after epoch {epoch + 1}/{epochs} (checkpoint in {self.ckpt.directory})",
                 )
         self.ckpt.wait()
-        return self.report(self.elapsed_before + time.time() - self.started)
+        finished = done >= epochs  # before this process: its results files stay as written
+        return self.report(self.elapsed_before + time.time() - self.started, finished)
 
-    def report(self, wall: float) -> dict[str, Any]:
-        """Writes each seed's results.json and curves.png (and results_seeds.json)."""
+    def report(self, wall: float, finished: bool = False) -> dict[str, Any]:
+        """Writes each seed's results.json and curves.png (and results_seeds.json); a run
+        `finished` before this process keeps its results files (`records.kept_results`)."""
+        write = records.kept_results if finished else records.write_results
         extra = {
             "dataset": self.data.name,
             "num_classes": self.data.num_classes,
@@ -365,8 +368,9 @@ class _Run:
             for h, s in zip(self.history, self.seeds, strict=True)
         ]
         if self.is_main:
-            for results, directory in zip(per_seed, self.seed_dirs, strict=True):
-                records.write_results(directory, results)
+            for i, directory in enumerate(self.seed_dirs):
+                kept = write(directory, per_seed[i])
+                per_seed[i] = results = kept if finished else per_seed[i]
                 scratch_results.plot_curves(
                     results, os.path.join(directory, scratch_results.PLOT_FILE)
                 )
@@ -376,7 +380,8 @@ class _Run:
         config = records.to_jsonable(self.cfg.to_dict())
         summary = scratch_results.seeds_summary(per_seed, config, wall)
         if self.is_main:
-            records.write_results(self.workdir, summary, records.SEEDS_RESULTS_FILE)
+            kept = write(self.workdir, summary, records.SEEDS_RESULTS_FILE)
+            summary = kept if finished else summary
         return summary
 
     def close(self) -> None:

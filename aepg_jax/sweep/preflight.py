@@ -1,19 +1,25 @@
 """A sweep's configs before its first run: every unit's config with the user's overrides, each
 validated, and its estimated cost (the order in which workers claim runs).
 
-An override that breaks a run's config (an unknown field, a value of the wrong type, a value its
-trainer's validation refuses) stops the sweep before anything runs, with one line naming the
-override's error and the first run it fails for. A run whose config is broken without the
-user's overrides (a grid's own override, say) is left to fail at its turn, recorded as failed.
+Every check that needs no run's data is made for every run before the first starts, and any
+failure stops the sweep there with one line (exit 2): an override that breaks a run's config
+(an unknown field, a value of the wrong type, a value its trainer's validation refuses) is
+named with the first run it fails for; a problem of the runs' own configs (Table 1 without
+`--config.model.checkpoint`, say) is named once, with how many runs have it. Only what needs
+the run's data (more tasks than the dataset's classes, say) fails at the run's turn.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import time
 from collections.abc import Callable, Sequence
 
 from aepg_jax.config import command_line
 from aepg_jax.experiments import layout
+from aepg_jax.runs import identity, lock
 from aepg_jax.system import cli
 
 
@@ -53,7 +59,7 @@ def _new_problems(problem: str, own: str | None) -> str:
     config (`own`, its error line without them, or None) does not have ("": none). Validation
     lines list their problems separated by "; "."""
     if own is None:
-        return problem
+        return problem.rstrip(" .")
     added = [part for part in problem.split("; ") if part.strip(" .") not in own]
     return "; ".join(added).rstrip(".")
 
@@ -70,16 +76,32 @@ def check(
     units: Sequence[layout.Unit], overrides: Sequence[str], validate: Callable | None = None
 ) -> list[Checked]:
     """Every unit's config with `overrides`, checked by `validate(cfg)` (raising ValueError)
-    when given; raises ValueError (one line) at the first unit the user's overrides break."""
-    out = []
+    when given. Raises ValueError (one line) at the first unit the user's overrides break, else
+    after looking at every unit when any is broken: its problem and how many units share it."""
+    out, broken = [], []
     for unit in units:
         cfg, problem = _problem(unit, overrides, validate)
-        if problem is not None and overrides:
-            _, own = _problem(unit, (), validate)
-            added = _new_problems(problem, own)
-            if added:  # the user's overrides brought them
-                raise ValueError(f"{added} (with the overrides, for run {unit.name}).")
+        if problem is not None:
+            if overrides:
+                _, own = _problem(unit, (), validate)
+                added = _new_problems(problem, own)
+                if added:  # the user's overrides brought them
+                    raise ValueError(f"{added} (with the overrides, for run {unit.name}).")
+            broken.append((unit, problem))
         out.append(Checked(unit, cfg))
+    if broken:
+        unit, problem = broken[0]
+        same = sum(1 for _, p in broken if p == problem)
+        if same == len(units):
+            which = f"all {len(units)} runs" if len(units) > 1 else f"run {unit.name}"
+        else:
+            which = f"{same} of the {len(units)} runs, e.g. {unit.name}"
+        others = len(broken) - same
+        more = f"; {others} more runs have other problems" if others else ""
+        raise ValueError(
+            f"{problem.rstrip(' .')} (for {which}{more}); nothing ran: fix it with "
+            "--config.<field>=<value> or in the experiment's config file."
+        )
     return out
 
 
@@ -113,3 +135,71 @@ def costs(checked: Sequence[Checked]) -> dict[str, float]:
 def by_cost(units: Sequence[tuple[int, layout.Unit]], cost: dict[str, float]):
     """(position, unit) pairs, most expensive first (ties in the experiment's order)."""
     return sorted(units, key=lambda ku: -cost.get(ku[1].name, 0.0))
+
+
+def _json(cfg) -> dict:
+    return json.loads(cfg.to_json_best_effort())
+
+
+def with_changes(checked: Sequence[Checked], overrides: Sequence[str]) -> list[Checked]:
+    """Each unit renamed by the fields in which the user's overrides change its result
+    (`layout.Unit.changed`: a workdir of its own, never the experiment's run)."""
+    if not overrides:
+        return list(checked)
+    out = []
+    for c in checked:
+        changed: tuple = ()
+        if c.cfg is not None:
+            own = _json(load_config(c.unit.config_arg, c.unit.overrides()))
+            mine = _json(c.cfg)
+            flat = identity.flatten(mine)
+            fields = identity.differences(own, mine)
+            changed = tuple((f, identity.value_text(flat.get(f))) for f in fields)
+        out.append(Checked(dataclasses.replace(c.unit, changed=changed), c.cfg))
+    return out
+
+
+def conflicts(root: str, checked: Sequence[Checked]) -> list[tuple[layout.Unit, list[str]]]:
+    """The units whose workdir holds a run (finished, or with a checkpoint) of a config that
+    differs from the one the sweep would run, with the fields that differ."""
+    out = []
+    for c in checked:
+        saved = layout.saved_config(root, c.unit) if c.cfg is not None else None
+        if saved is not None:
+            fields = identity.differences(saved, _json(c.cfg))
+            if fields:
+                out.append((c.unit, fields))
+    return out
+
+
+def conflict_line(root: str, found: Sequence[tuple[layout.Unit, list[str]]]) -> str:
+    """One line for `conflicts`' answer: the first run, its fields, how many more, the way on."""
+    unit, fields = found[0]
+    more = f" (and {len(found) - 1} more runs)" if len(found) > 1 else ""
+    return (
+        f"{os.path.join(root, unit.name)} holds a run of another config (differs in: "
+        f"{', '.join(fields)}){more}; nothing ran: pass --rerun_changed to keep such runs as "
+        f"<run>{REPLACED}<time> and run this config afresh, or use another --workdir."
+    )
+
+
+REPLACED = ".replaced-"
+
+
+def set_aside(root: str, found: Sequence[tuple[layout.Unit, list[str]]]) -> list[str]:
+    """`--rerun_changed`: renames each conflicting unit's workdir to
+    `<name>.replaced-<YYYYmmdd-HHMMSS>` (kept, read by nothing); the new names."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for unit, _ in found:
+        workdir = os.path.join(root, unit.name)
+        holder = lock.running(workdir)
+        if holder is not None:
+            raise ValueError(
+                f"{workdir} holds a run of another config and is in use ({holder.host} pid "
+                f"{holder.pid}); wait for it to end, then pass --rerun_changed again."
+            )
+        target = f"{workdir}{REPLACED}{stamp}"
+        os.replace(workdir, target)
+        moved.append(target)
+    return moved

@@ -1,32 +1,27 @@
-"""Runs an experiment's runs (a paper table or figure, `aepg_jax/experiments/paper.py`), resumably.
+"""Runs every run of an experiment (a table or figure of the paper, or the demo), resumably.
 
     python -m aepg_jax.sweep --experiment=NAME --workdir=DIR [--list | --status]
-        [--where key=value,...] [--shard=i/n] [--vmap_seeds]
+        [--where key=value,...] [--shard=i/n] [--vmap_seeds] [--rerun_changed]
         [--slurm [--array_size=N] [--gpus_per_worker=N] [--cpus_per_worker=N] [--signal_s=S]
                  [--sbatch=OPTION ...]] [--config.<field>=<value> ...]
 
-Before any run, every `--config.*` override is applied to every run's config and validated: a
-bad one stops the sweep with one `error:` line (exit 2). The process is then a worker
-(`claims.py`): it claims the next unclaimed, unfinished run (most expensive first, by
-`plan/estimate.py`) through the run's lock, until none is left, so that any number of sweep
-processes on one DIR (one per GPU, a SLURM array, a second node) share the runs and a run whose
-worker died is claimed again and resumes. Every run goes through
-`aepg_jax.main.execute` with `aepg_jax.main`'s command-line semantics: same workdir
-(`DIR/<run name>`, see `experiments/layout.py`), same config checks, same resume (an interrupted run
-continues from its last checkpoint). A run's own output goes to `<workdir>/sweep.log`; the
-sweep prints one line per run (index, name, A_T when done, the sweep's ETA). A run that fails
-is recorded (`<workdir>/sweep_error.txt`, its error line printed) and the sweep goes on; it
-exits with status 1 at the end if any failed. `--config.*` overrides (weights, data dir,
-`model.dtype`, ...) go to every run. `--shard=i/n` limits the worker to every n-th run from the
-i-th (static sharding); `--slurm` prints an sbatch array script of workers; `--vmap_seeds` runs
-the consecutive seeds of a cell as one `num_seeds` program (docs/running.md, "Many seeds
-in one program"). SIGTERM or SIGUSR1 (SLURM's preemption, requeue or `--signal`) stops the
-worker: the run in progress checkpoints its current step, no other run is claimed, and the sweep
-exits with status 128 + the signal's number (143, 138); the same command resumes. `--status`
-prints each run's status (done, running: worker, since, task t of T, failed: its error line,
-partial, todo; `overview.py`), `--list` also their `aepg_jax.main` commands; both work without
---workdir (status unknown). `python -m aepg_jax.tables DIR` then
-prints the tables.
+Before any run, every run's config (with the `--config.*` overrides, which go to every run; every
+field with its default: `python -m pydoc aepg_jax.config.schema`) is checked as
+`python -m aepg_jax.main` checks it: a problem stops the sweep with one `error:` line (exit 2),
+naming how many runs have it. An override that changes a run's result gives it a run folder of
+its own, `DIR/<run name>+<field>=<value>`; the tables read only the experiment's own runs. A
+run folder that holds a run of another config stops the sweep in one line naming the fields
+(`--rerun_changed` keeps it as `<run>.replaced-<time>` and runs afresh). Run names are
+`<config>/<arguments>` and always show the method, loss and seed (`--list` prints them with
+their `aepg_jax.main` commands). Any number of sweeps on one DIR (one per GPU, a SLURM array,
+a second node) share the runs, most expensive first, and a run whose sweep died resumes from
+its checkpoint. A run's own output goes to DIR/<run name>/sweep.log; the sweep prints one line
+per run (A_T when done, the ETA). A run that fails on its data is recorded, the others go on
+and the sweep exits 1 at the end; run it again to retry. `--shard=i/n` takes every n-th run from
+the i-th; `--slurm` prints an sbatch array script; `--vmap_seeds` trains a cell's seeds as one
+program. SIGTERM or SIGUSR1 checkpoint the run in progress and exit 143 or 138; the same
+command resumes. `--status` prints each run as done, running, failed, partial or todo.
+docs/paper.md has the details; `python -m aepg_jax.tables DIR` then prints the tables.
 
 `--slurm` (docs/paper.md, "On a SLURM cluster") prints, instead of running, an sbatch array
 script of `--array_size` workers (default one per run) on DIR, to `sbatch`. Each array task asks
@@ -118,6 +113,13 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--compile_cache",
         help="JAX's persistent compilation cache, shared by the runs (seeds of a cell compile "
         "the same programs); default DIR/.jax_cache, '' for none",
+    )
+    parser.add_argument(
+        "--rerun_changed",
+        action="store_true",
+        help="a run folder holding a run of another config than the one the sweep would run "
+        "there is kept as <run>.replaced-<time> and the run starts afresh (without it, the "
+        "sweep stops before any run, naming the folder and the fields)",
     )
     parser.add_argument(
         "--slurm",
@@ -239,6 +241,16 @@ def _error_line(err: BaseException) -> str:
     return line if isinstance(err, main.USER_ERRORS) else f"{type(err).__name__}: {line}"
 
 
+def values(runs: Sequence[experiments.Run], where: str) -> str:
+    """What the keys of `where` take in `runs`: `method is one of coda_prompt, lae, plain`."""
+    keys = dict.fromkeys(p.partition("=")[0].strip() for p in where.split(",") if "=" in p)
+    parts = []
+    for key in keys:
+        found = sorted({v for r in runs if (v := r.value(key)) is not None})
+        parts.append(f"{key} is one of {', '.join(found)}")
+    return "; ".join(parts)
+
+
 def select(args: argparse.Namespace) -> tuple[experiments.Experiment, list[layout.Unit]]:
     experiment = registry.get(args.experiment)
     runs = experiment.runs()
@@ -250,9 +262,13 @@ def select(args: argparse.Namespace) -> tuple[experiments.Experiment, list[layou
                 f"--where={args.where}: {key!r} is not an argument of {experiment.name}'s runs; "
                 f"they have {', '.join(sorted(known))}."
             )
-    runs = experiments.filter_runs(runs, args.where)
-    if not runs:
-        raise ValueError(f"--where={args.where} matches none of {experiment.name}'s runs.")
+    selected = experiments.filter_runs(runs, args.where)
+    if not selected:
+        raise ValueError(
+            f"--where={args.where} matches none of {experiment.name}'s runs; "
+            f"{values(runs, args.where)}."
+        )
+    runs = selected
     return experiment, layout.units(runs, args.vmap_seeds)
 
 
@@ -382,19 +398,21 @@ def sweep(
     overrides: Sequence[str],
     mine,
     cost: dict[str, float] | None = None,
+    shard: str | None = None,
 ) -> tuple[int, bool]:
-    """Works on this shard's unfinished units (`claims.work`, most expensive first by
-    `cost`); the number that failed here, and whether one failed to write a checkpoint (Orbax's
-    threads of a failed save never finish: no interpreter shutdown may wait for them)."""
+    """Works on the unfinished units of `mine` (the shard `shard`, or all of `units`;
+    `claims.work`, most expensive first by `cost`); the number that failed here, and whether
+    one failed to write a checkpoint (Orbax's threads of a failed save never finish: no
+    interpreter shutdown may wait for them)."""
     from aepg_jax.runs import checkpointing
 
     started = time.time()
     todo = claims.pending(root, mine, started)
-    print(
-        f"{len(mine)} of {len(units)} runs in this shard: {len(mine) - len(todo)} done, "
-        f"{len(todo)} to run.",
-        flush=True,
+    runs = "run" if len(units) == 1 else "runs"
+    which = (
+        f"{len(mine)} of {len(units)} {runs} in shard {shard}" if shard else f"{len(units)} {runs}"
     )
+    print(f"{which}: {len(mine) - len(todo)} done, {len(todo)} to run.", flush=True)
     width, spent, tried = len(str(len(units))), [], []
     save_failed = False
 
@@ -462,8 +480,10 @@ def main(argv: Sequence[str]) -> int:
                 "input), e.g. --workdir=runs/demo; --list and --status work without it."
             )
         checked = preflight.check(units, overrides)  # before anything is written
+        checked = preflight.with_changes(checked, overrides)  # a changed config: its own name
     except ValueError as err:
         cli.fail(str(err))
+    units = [c.unit for c in checked]
     root = args.workdir
     mine = layout.shard(units, i, n)
     if args.slurm:
@@ -490,6 +510,12 @@ def main(argv: Sequence[str]) -> int:
             overrides,
             preflight.trainer_validate(jax.device_count()),
         )
+        ours = {id(u) for _, u in mine}
+        found = preflight.conflicts(root, [c for c in checked if id(c.unit) in ours])
+        if found and not args.rerun_changed:
+            raise ValueError(preflight.conflict_line(root, found))
+        for path in preflight.set_aside(root, found):
+            print(f"kept the run of another config as {path}", flush=True)
     except ValueError as err:
         cli.fail(str(err))
     enable_compile_cache(
@@ -499,7 +525,9 @@ def main(argv: Sequence[str]) -> int:
     layout.write_sweep_file(root, name)
     try:
         with preemption.catch():
-            failed, save_failed = sweep(units, root, overrides, mine, preflight.costs(checked))
+            failed, save_failed = sweep(
+                units, root, overrides, mine, preflight.costs(checked), args.shard
+            )
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume.", file=sys.stderr)
         return 128 + signal.SIGINT

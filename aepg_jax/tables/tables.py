@@ -2,14 +2,17 @@
 
     python -m aepg_jax.tables DIR [--experiment=NAME] [--format=markdown|latex|csv] [--out=FILE]
 
-For every cell of the experiment's tables (`aepg_jax/experiments/paper.py`): our mean ± sample
+For every cell of the experiment's tables (the paper's, or the demo's): our mean ± sample
 std over the finished runs (seeds) with their number n, the published mean ± as printed, and
 Δ = ours - paper. A cell with runs missing shows how many are done (`3/5 done`) and how many
 failed; a cell whose |Δ| > max(1, 2 x the paper's ±) is marked `(!)`. The experiment is the
 one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it. Figure experiments also
-get their plots (`plots.py`), written to `DIR/plots/`. A run whose results file cannot be
+get their plots, written to `DIR/plots/`. A run whose results file cannot be
 read (truncated, say) or holds a non-finite metric is named in one `warning:` line and counted
-as failed in its cell; the command then exits with status 1.
+as failed in its cell; a run whose results were made with another config than the experiment's
+(its saved config differs in a field that changes results; where the data is does not) is
+named with those fields and left out of its cell (`k/n done, m of another config`); the command
+then exits with status 1.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import io
+import json
 import math
 import os
 import pathlib
@@ -27,6 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from aepg_jax.experiments import Column, Experiment, Published, Row, Table, layout, registry
+from aepg_jax.runs import identity
 from aepg_jax.system import cli
 
 FORMATS = ("markdown", "latex", "csv")
@@ -43,6 +49,7 @@ class Cell:
     expected: int  # runs of the cell
     failed: int
     published: Published | None
+    other: int = 0  # finished runs of another config than the experiment's: left out
 
     @property
     def n(self) -> int:
@@ -92,9 +99,19 @@ def cell(
     (`damage`) counts as failed and its reason is added to `warnings` (a set)."""
     where = {**row.where, **col.where}
     runs = experiment.select(where)
-    values, failed = [], 0
+    values, failed, other = [], 0, 0
     for run in runs:
         results = layout.run_results(root, run)
+        changed = other_config(run, results)
+        if changed:
+            other += 1
+            if warnings is not None:
+                warnings.add(
+                    f"{run.name}: its results are of another config than the experiment's "
+                    f"(differs in: {', '.join(changed)}); left out of its cell: run the sweep "
+                    "again with --rerun_changed"
+                )
+            continue
         value = None if results is None else layout.metric(results, col.metric)
         problem = damage(root, run, results, col.metric) if value is None else None
         if value is not None:
@@ -102,10 +119,31 @@ def cell(
         elif problem is not None:
             failed += 1
             if warnings is not None:
-                warnings.add(problem)
+                warnings.add(f"{problem}; counted as failed")
         elif results is None and layout.run_error(root, run) is not None:
             failed += 1
-    return Cell(tuple(values), len(runs), failed, table.published(row, col))
+    return Cell(tuple(values), len(runs), failed, table.published(row, col), other)
+
+
+@functools.cache
+def _expected(run) -> dict | None:
+    """The config of `run` as the experiment defines it (JSON), None if it does not build."""
+    from aepg_jax.sweep import preflight
+
+    unit = layout.Unit((run,))
+    try:
+        cfg = preflight.load_config(unit.config_arg, unit.overrides())
+    except ValueError:
+        return None
+    return json.loads(cfg.to_json_best_effort())
+
+
+def other_config(run, results: dict | None) -> list[str]:
+    """The fields in which the config `results` were made with differs from the experiment's
+    config of `run` ([] when they agree, or either is unknown)."""
+    saved = (results or {}).get("config")
+    expected = _expected(run) if isinstance(saved, dict) else None
+    return identity.differences(saved, expected) if expected is not None else []
 
 
 def grid(root: str, experiment: Experiment, table: Table, warnings=None) -> list[list[Cell]]:
@@ -127,6 +165,7 @@ def ours_text(c: Cell, pm: str = "±") -> str:
     if c.n == c.expected and c.expected:
         return f"{text} (n={c.n})"
     status = f"{c.n}/{c.expected} done" + (f", {c.failed} failed" if c.failed else "")
+    status += f", {c.other} of another config" if c.other else ""
     return f"{text} ({status})"
 
 
@@ -282,7 +321,7 @@ def main(argv: Sequence[str]) -> int:
     else:
         print(text, end="")
     for problem in sorted(warnings):
-        print(f"warning: {problem}; counted as failed.", file=sys.stderr)
+        print(f"warning: {problem}.", file=sys.stderr)
     if not args.no_plots:
         from aepg_jax.tables import plots
 
