@@ -395,3 +395,85 @@ def test_an_array_task_stopped_by_usr1_is_requeued_and_runs_again(
     assert ready.exists(), text  # it ran again
     info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     assert "Restarts=1" in info and "ExitCode=0:0" in info, info
+
+
+LONG = [
+    "--where=seed=0,loss=ce",
+    "--config.data.num_tasks=2",
+    "--config.optim.epochs=1000",
+    "--config.max_steps_per_task=300",
+    "--config.log_every_steps=1",
+    "--compile_cache=",
+]
+
+
+def _sweep(root, *args, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "aepg_jax.sweep", "--experiment=demo", f"--workdir={root}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        **kwargs,
+    )
+
+
+@pytest.mark.slow  # ~5 min: 3 workers, SLURM restarts the requeued task ~2 min later, then 3 runs
+def test_an_array_task_requeued_mid_run_resumes_to_the_one_process_table(local_slurm, tmp_path):
+    """`scontrol requeue` of a worker mid-run: its run checkpoints the step it is at (SIGTERM,
+    forwarded by the batch shell) and resumes when SLURM restarts the task; the tables equal a
+    one-process sweep's and every run's metrics.jsonl holds each training step once."""
+    root, one = tmp_path / "slurm", tmp_path / "one"
+    script = _sweep(root, "--slurm", "--array_size=3", "--cpus_per_worker=1", *LONG, check=True)
+    (tmp_path / "job.sh").write_text(script.stdout)
+    job = (
+        subprocess.run(
+            ["sbatch", "--parsable", str(tmp_path / "job.sh")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
+
+    def training_runs() -> list[pathlib.Path]:
+        return [
+            m.parent
+            for m in root.glob("**/metrics.jsonl")
+            if '"train"' in m.read_text() and not (m.parent / "results.json").exists()
+        ]
+
+    deadline = time.monotonic() + 600
+    while len(training_runs()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(training_runs()) == 3, "the three workers did not all start training"
+    subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True)
+    deadline = time.monotonic() + 1200
+    while time.monotonic() < deadline:
+        queued = subprocess.run(
+            ["squeue", "-h", "-j", job], capture_output=True, text=True
+        ).stdout.strip()
+        if not queued:
+            break
+        time.sleep(2)
+    logs = "".join(p.read_text() for p in sorted(root.glob("slurm-*.out")))
+    info = subprocess.run(["scontrol", "show", "job", f"{job}_0"], capture_output=True, text=True)
+    assert "Restarts=1" in info.stdout, info.stdout + logs
+    assert "stopped by SIGTERM at task " in logs, logs  # the requeued run checkpointed its step
+    assert _status_lines(root)[-1] == "3 done", logs
+    for metrics in root.glob("**/metrics.jsonl"):
+        steps = [
+            r["step"]
+            for r in map(json.loads, metrics.read_text().splitlines())
+            if r["type"] == "train"
+        ]
+        assert steps == list(range(1, 2 * 300 + 1)), metrics  # each step once, in order
+    assert _sweep(one, *LONG).returncode == 0
+    render = [tables.render(str(r), registry.get("demo"), "markdown") for r in (root, one)]
+    assert render[0] == render[1]
+
+
+def _status_lines(root) -> list[str]:
+    return _sweep(root, "--status", *LONG, check=True).stdout.strip().splitlines()
