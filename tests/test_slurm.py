@@ -438,18 +438,34 @@ def test_an_array_task_requeued_mid_run_resumes_to_the_one_process_table(local_s
         .split(";")[0]
     )
 
-    def training_runs() -> list[pathlib.Path]:
-        return [
-            m.parent
-            for m in root.glob("**/metrics.jsonl")
-            if '"train"' in m.read_text() and not (m.parent / "results.json").exists()
-        ]
+    def training_task() -> str | None:
+        """The array task of a worker whose run is training (its open metrics.jsonl has train
+        records and its run no results yet), from the workers' /proc entries."""
+        for proc in pathlib.Path("/proc").glob("[0-9]*"):
+            try:
+                env = dict(
+                    e.split("=", 1) for e in (proc / "environ").read_text().split("\0") if "=" in e
+                )
+                if (
+                    env.get("SLURM_ARRAY_JOB_ID") != job
+                    or "aepg_jax.sweep" not in (proc / "cmdline").read_text()
+                ):
+                    continue
+                opened = [os.readlink(f) for f in (proc / "fd").iterdir()]
+            except OSError:
+                continue
+            for path in map(pathlib.Path, opened):
+                if path.name == "metrics.jsonl" and '"train"' in path.read_text():
+                    if not (path.parent / "results.json").exists():
+                        return env["SLURM_ARRAY_TASK_ID"]
+        return None
 
-    deadline = time.monotonic() + 600
-    while len(training_runs()) < 3 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert len(training_runs()) == 3, "the three workers did not all start training"
-    subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True)
+    deadline, task = time.monotonic() + 600, None
+    while task is None and time.monotonic() < deadline:
+        task = training_task()
+        time.sleep(0.2)
+    assert task is not None, "no worker was seen training"
+    subprocess.run(["scontrol", "requeue", f"{job}_{task}"], check=True)
     deadline = time.monotonic() + 1200
     while time.monotonic() < deadline:
         queued = subprocess.run(
@@ -459,7 +475,9 @@ def test_an_array_task_requeued_mid_run_resumes_to_the_one_process_table(local_s
             break
         time.sleep(2)
     logs = "".join(p.read_text() for p in sorted(root.glob("slurm-*.out")))
-    info = subprocess.run(["scontrol", "show", "job", f"{job}_0"], capture_output=True, text=True)
+    info = subprocess.run(
+        ["scontrol", "show", "job", f"{job}_{task}"], capture_output=True, text=True
+    )
     assert "Restarts=1" in info.stdout, info.stdout + logs
     assert "stopped by SIGTERM at task " in logs, logs  # the requeued run checkpointed its step
     assert _status_lines(root)[-1] == "3 done", logs
