@@ -57,7 +57,8 @@ USER_ERRORS = (
     FloatingPointError,
     augreg.CheckpointError,
     checkpointing.NoRestorableCheckpoint,
-    lock.Busy,  # another run holds the workdir (runs/lock.py)
+    lock.Busy,  # another run holds the workdir, or took it over (lock.Lost) (runs/lock.py)
+    lock.LockError,  # the lock's files cannot be used (a full disk, an unreadable .lock)
 )
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
@@ -146,6 +147,7 @@ def check_or_save_config(cfg, workdir: str) -> None:
             )
         # Nothing was trained that a checkpoint keeps: the corrected config starts afresh.
     if jax.process_index() == 0:
+        lock.fence(path)
         os.makedirs(workdir, exist_ok=True)
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
@@ -230,7 +232,8 @@ def _fail(err: Exception) -> None:
             "all of them to resume from the last checkpoint.",
             exit_fn=lambda _: hosts.leave(1),
         )
-    if isinstance(err, checkpointing.CheckpointWriteError):  # Orbax's threads never finish
+    if isinstance(err, checkpointing.CheckpointWriteError | lock.Lost):
+        # Orbax's threads of a failed save never finish; a run taken over writes nothing more
         cli.fail(str(err), exit_fn=lambda status: hosts.leave(status, at_once=True))
     if isinstance(err, USER_ERRORS):
         cli.fail(str(err), exit_fn=hosts.leave)

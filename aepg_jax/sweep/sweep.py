@@ -262,7 +262,7 @@ def sweep(
     threads of a failed save never finish: no interpreter shutdown may wait for them)."""
     from aepg_jax.runs import checkpointing
 
-    started = time.time()
+    started = claims.Started(root, mine)  # the error files now: no clocks compared
     todo = claims.pending(root, mine, started)
     print(
         f"{len(mine)} of {len(units)} runs in this shard: {len(mine) - len(todo)} done, "
