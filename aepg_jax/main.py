@@ -36,7 +36,7 @@ from ml_collections import config_flags
 from aepg_jax.checkpoints import augreg
 from aepg_jax.config import command_line, schema
 from aepg_jax.continual import trainer as continual_trainer
-from aepg_jax.runs import checkpointing, lock
+from aepg_jax.runs import checkpointing, lock, tensorboard
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import trainer as scratch_trainer
 from aepg_jax.system import cli, hosts, memory, preemption, progress
@@ -59,6 +59,7 @@ USER_ERRORS = (
     checkpointing.NoRestorableCheckpoint,
     lock.Busy,  # another run holds the workdir, or took it over (lock.Lost) (runs/lock.py)
     lock.LockError,  # the lock's files cannot be used (a full disk, an unreadable .lock)
+    tensorboard.EventWriteError,  # the event file cannot be written (a full disk)
 )
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
