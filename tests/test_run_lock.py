@@ -311,3 +311,36 @@ def test_a_sigkilled_holder_is_taken_over_and_the_run_resumes_exactly(undisturbe
     assert again.returncode == 0, again.stderr
     assert "resum" in (again.stdout + again.stderr).lower()
     assert _files(tmp_path / "run")[1] == expected[1]
+
+
+@pytest.mark.slow
+def test_a_paused_run_taken_over_writes_nothing_after_it_resumes(undisturbed, tmp_path):
+    """Heartbeats alone (AEPG_LOCK_FLOCK=0): a run stopped (SIGSTOP) past AEPG_LOCK_STALE_S is
+    taken over by a second run of the same command, which finishes it; continued (SIGCONT)
+    after that, the first ends in one line without writing, and the run's files equal an
+    undisturbed run's."""
+    config, expected = undisturbed
+    env = {lock.ENV_FLOCK: "0", lock.ENV_STALE: "3", lock.ENV_BEAT: "0.5"}
+    cmd = [sys.executable, "-m", "aepg_jax.main", f"--config={config}", f"--workdir={tmp_path}"]
+    kwargs = dict(cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                  env={**os.environ, **env})  # fmt: skip
+    first = subprocess.Popen(cmd, **kwargs)
+    ckpts = tmp_path / "checkpoints"
+    _wait_for(
+        lambda: ckpts.exists() and any(s.isdigit() and int(s) >= 4 for s in os.listdir(ckpts)),
+        first,
+    )
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        time.sleep(4)
+        second = subprocess.run(cmd, timeout=900, **kwargs)
+        assert second.returncode == 0, second.stderr
+        os.kill(first.pid, signal.SIGCONT)
+        _, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            os.kill(first.pid, signal.SIGKILL)
+    lines = err.strip().splitlines()
+    assert first.returncode == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "was taken over by " in lines[0]
+    assert _files(tmp_path) == expected
