@@ -490,9 +490,15 @@ def fence(path: str | os.PathLike) -> None:
 
 
 def owns(path: str | os.PathLike) -> bool:
-    """Whether this process may still write `path` (fence without raising)."""
+    """Whether this process may still write `path` (fence without raising; as cheap)."""
     held = _covering(path)
-    return held is None or held.owns()
+    if held is None:
+        return True
+    try:
+        held.fence()
+    except Lost:
+        return False
+    return True
 
 
 @contextlib.contextmanager

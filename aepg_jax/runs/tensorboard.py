@@ -24,6 +24,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from aepg_jax.runs import lock
+
 POSITION_FIELDS = frozenset({"type", "step", "task", "task_step", "epoch"})
 
 
@@ -70,8 +72,8 @@ class EventWriter:
         `check` instead of raising it; after one, it writes nothing more."""
 
         def guarded(*args):
-            if self.error is not None:
-                return None
+            if self.error is not None or not lock.owns(self.directory):
+                return None  # failed before, or the run was taken over: nothing more
             try:
                 return call(*args)
             except OSError as err:
