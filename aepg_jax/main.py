@@ -31,7 +31,7 @@ from ml_collections import config_flags
 from aepg_jax.checkpoints import augreg
 from aepg_jax.config import command_line, schema
 from aepg_jax.continual import trainer as continual_trainer
-from aepg_jax.runs import checkpointing, identity, lock
+from aepg_jax.runs import checkpointing, identity, lock, tensorboard
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import trainer as scratch_trainer
 from aepg_jax.system import cli, hosts, memory, preemption, progress
@@ -52,7 +52,9 @@ USER_ERRORS = (
     FloatingPointError,
     augreg.CheckpointError,
     checkpointing.NoRestorableCheckpoint,
-    lock.Busy,  # another run holds the workdir (runs/lock.py)
+    lock.Busy,  # another run holds the workdir, or took it over (lock.Lost) (runs/lock.py)
+    lock.LockError,  # the lock's files cannot be used (a full disk, an unreadable .lock)
+    tensorboard.EventWriteError,  # the event file cannot be written (a full disk)
 )
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
@@ -131,6 +133,7 @@ def check_or_save_config(cfg, workdir: str) -> None:
         # Nothing was trained that a checkpoint keeps (the corrected config starts afresh), or
         # only where files are and how often to log changed (`identity.NOT_IDENTITY`).
     if jax.process_index() == 0:
+        lock.fence(path)
         os.makedirs(workdir, exist_ok=True)
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
@@ -215,7 +218,8 @@ def _fail(err: Exception) -> None:
             "all of them to resume from the last checkpoint.",
             exit_fn=lambda _: hosts.leave(1),
         )
-    if isinstance(err, checkpointing.CheckpointWriteError):  # Orbax's threads never finish
+    if isinstance(err, checkpointing.CheckpointWriteError | lock.Lost):
+        # Orbax's threads of a failed save never finish; a run taken over writes nothing more
         cli.fail(str(err), exit_fn=lambda status: hosts.leave(status, at_once=True))
     if isinstance(err, USER_ERRORS):
         cli.fail(str(err), exit_fn=hosts.leave)

@@ -235,3 +235,41 @@ def test_a_second_preparation_of_the_same_dataset_is_refused(tmp_path, offline, 
     assert len(err) == 1 and "another preparation of cifar10" in err[0]
     assert visible(tmp_path / "data") == []
     prepare("cifar10", tmp_path)  # the lock released: it goes through
+
+
+def test_a_disk_that_fills_while_shards_are_written_is_one_line_naming_the_space(
+    tmp_path, offline, capsys, monkeypatch
+):
+    """ENOSPC from the writer (simulated: the builder writes part of a shard, then the disk is
+    full): one line with the space needed and free, and no staging dir left behind."""
+    import errno
+
+    def full(self, *args, **kwargs):
+        os.makedirs(self.data_dir, exist_ok=True)
+        (tmp_path / "data" / ".cifar10.preparing" / "part").write_bytes(b"x" * 1000)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", full)
+    with pytest.raises(SystemExit):
+        prepare("cifar10", tmp_path)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"the disk under {tmp_path / 'data'} filled while cifar10 was written" in err[0]
+    assert "GiB free there (twice its archives)" in err[0] and " GiB are; free space" in err[0]
+    assert visible(tmp_path / "data") == []
+
+
+def test_a_killed_preparations_staging_dir_is_removed_with_one_line(tmp_path, offline, capsys):
+    import fcntl
+
+    data = tmp_path / "data"
+    for name in ("cifar100", "food101"):
+        (data / f".{name}.preparing" / "x").mkdir(parents=True)
+        (data / f".{name}.preparing" / "x" / "shard").write_bytes(b"x" * 2**20)
+    with open(data / ".food101.lock", "w") as held:  # food101 is being prepared right now
+        fcntl.flock(held, fcntl.LOCK_EX)
+        prepare("cifar10", tmp_path)
+    out = capsys.readouterr().out
+    assert f"removed {data / '.cifar100.preparing'} (1 MiB), left by a preparation of " in out
+    assert "food101" not in out
+    assert visible(data) == [".food101.preparing", "cifar10"]

@@ -6,6 +6,7 @@ the holder SIGKILLed mid-run, a new run takes over and ends with the undisturbed
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -19,7 +20,7 @@ import time
 import pytest
 import sweep_fake
 
-from aepg_jax.runs import lock
+from aepg_jax.runs import lock, records
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -63,24 +64,43 @@ def test_a_held_workdir_is_refused_naming_the_holder_and_a_killed_one_taken_over
     assert lock.read_holder(str(tmp_path / "run")) is None  # released: no heartbeat left
 
 
-def _foreign_heartbeat(workdir: pathlib.Path, age: float) -> None:
-    workdir.mkdir(parents=True, exist_ok=True)
+def _foreign_claim(workdir: pathlib.Path, age: float, **fields) -> None:
+    """A claim of another host whose heartbeat is `age` seconds old (by the file's mtime)."""
+    (workdir / lock.CLAIMS_DIR).mkdir(parents=True, exist_ok=True)
     now = time.time()
     beat = {"host": "other-node", "pid": 1234, "since": now - age - 60, "beat": now - age}
-    (workdir / lock.HEARTBEAT_FILE).write_text(json.dumps(beat))
+    path = workdir / lock.CLAIMS_DIR / f"{1:010d}.json"
+    path.write_text(json.dumps({**beat, **fields}))
+    os.utime(path, (now - age, now - age))
 
 
 def test_heartbeats_guard_where_flock_is_not_shared_and_go_stale(tmp_path, monkeypatch):
     monkeypatch.setenv(lock.ENV_STALE, "30")
-    _foreign_heartbeat(tmp_path / "run", age=5)  # another host, flock not shared with it
+    _foreign_claim(tmp_path / "run", age=5)  # another host, flock not shared with it
     with pytest.raises(lock.Busy) as err:
         lock.acquire(str(tmp_path / "run"))
     assert "other-node pid 1234 since " in str(err.value)
     assert lock.running(str(tmp_path / "run")).host == "other-node"
-    _foreign_heartbeat(tmp_path / "run", age=31)  # its holder stopped beating: dead
+    _foreign_claim(tmp_path / "run", age=31)  # its holder stopped beating: dead
     assert lock.running(str(tmp_path / "run")) is None
     with lock.hold(str(tmp_path / "run")):
         assert lock.read_holder(str(tmp_path / "run")).host == socket.gethostname()
+
+
+def test_a_requeued_slurm_job_takes_over_its_earlier_run_at_once(tmp_path, monkeypatch):
+    _foreign_claim(tmp_path / "run", age=1, job="77_3", restart=0)  # fresh: alive by its beat
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    with pytest.raises(lock.Busy):  # the same restart: not a requeue of it
+        lock.acquire(str(tmp_path / "run"))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with lock.hold(str(tmp_path / "run")):
+        holder = lock.read_holder(str(tmp_path / "run"))
+        assert (holder.pid, holder.job, holder.restart) == (os.getpid(), "77_3", 1)
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "4")  # another task of the array: not its own
+    _foreign_claim(tmp_path / "other", age=1, job="77_3", restart=0)
+    with pytest.raises(lock.Busy):
+        lock.acquire(str(tmp_path / "other"))
 
 
 def test_the_heartbeat_is_refreshed_while_held(tmp_path, monkeypatch):
@@ -90,6 +110,134 @@ def test_the_heartbeat_is_refreshed_while_held(tmp_path, monkeypatch):
         time.sleep(0.5)
         later = lock.read_holder(str(tmp_path))
     assert later.beat > first and later.since <= first
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "says"),
+    [
+        (lock.ENV_BEAT, "0", "AEPG_LOCK_BEAT_S='0' is not a number of seconds > 0"),
+        (lock.ENV_BEAT, "nan", "AEPG_LOCK_BEAT_S='nan' is not a number of seconds > 0"),
+        (lock.ENV_STALE, "-5", "AEPG_LOCK_STALE_S='-5' is not a number of seconds > 0"),
+        (lock.ENV_BEAT, "120", "AEPG_LOCK_BEAT_S=120 must be below AEPG_LOCK_STALE_S=120"),
+        (lock.ENV_FLOCK, "no", "AEPG_LOCK_FLOCK='no' must be 1"),
+    ],
+)
+def test_lock_settings_are_validated_naming_the_variable(tmp_path, monkeypatch, env, value, says):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValueError) as err:
+        lock.acquire(str(tmp_path / "run"))
+    assert says in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_lock_that_cannot_be_written_is_one_line_and_touches_nothing_else(tmp_path, monkeypatch):
+    def full(path, record):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(lock, "_write_json", full)
+    with pytest.raises(lock.LockError) as err:
+        lock.acquire(str(tmp_path / "run"))
+    line = str(err.value)
+    assert "\n" not in line and "No space left on device" in line and "free space" in line
+    assert lock.read_holder(str(tmp_path / "run")) is None
+    monkeypatch.undo()
+    with lock.hold(str(tmp_path / "run")):  # the disk has room again: nothing left in the way
+        assert lock.read_holder(str(tmp_path / "run")).pid == os.getpid()
+
+
+TAKER = """
+import os, sys, time
+from aepg_jax.runs import lock
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+try:
+    lock.acquire(sys.argv[1])
+except lock.Busy:
+    print("busy", flush=True)
+    sys.exit(0)
+print("held", flush=True)
+time.sleep(3)
+"""
+
+
+def test_of_takers_starting_together_exactly_one_holds(tmp_path):
+    """Heartbeats alone (AEPG_LOCK_FLOCK=0), a stale claim: every taker sees it stale at once,
+    and exactly one gets the next claim."""
+    for attempt in range(3):
+        run = tmp_path / f"run{attempt}"
+        _foreign_claim(run, age=500)
+        env = {**os.environ, lock.ENV_FLOCK: "0", lock.ENV_STALE: "60"}
+        at = time.time() + 3
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", TAKER, str(run), str(at)],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        said = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
+        assert said == ["busy", "busy", "busy", "held"], said
+        assert sorted(os.listdir(run / lock.CLAIMS_DIR)) == [f"{2:010d}.json"]
+
+
+WRITER = """
+import sys, time
+from aepg_jax.runs import lock, records
+with lock.hold(sys.argv[1]):
+    writer = records.MetricsWriter(sys.argv[1])
+    step = 0
+    try:
+        while True:
+            writer.write("train", step=step)
+            step += 1
+            time.sleep(0.01)
+    except lock.Lost as err:
+        print(err, file=sys.stderr, flush=True)
+        sys.exit(3)
+"""
+
+
+def test_a_paused_holder_taken_over_writes_nothing_after_it_resumes(tmp_path):
+    """Heartbeats alone: a holder stopped (SIGSTOP) past AEPG_LOCK_STALE_S is taken over; once
+    continued (SIGCONT) it stops with one line at its next write, and its claim is left alone."""
+    run = tmp_path / "run"
+    env = {**os.environ, lock.ENV_FLOCK: "0", lock.ENV_STALE: "2", lock.ENV_BEAT: "0.5"}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(run)],
+        cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    metrics = run / records.METRICS_FILE
+    deadline = time.time() + 120
+    while (
+        time.time() < deadline and metrics.read_text().count("\n") < 20
+        if metrics.exists()
+        else True
+    ):
+        time.sleep(0.05)
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(lock.Busy):  # not stale yet
+            lock.acquire(str(run))
+        time.sleep(2.5)
+        for var, value in env.items():
+            os.environ[var] = value
+        with lock.hold(str(run)):
+            frozen = metrics.read_bytes()
+            os.kill(holder.pid, signal.SIGCONT)
+            assert holder.wait(timeout=60) == 3
+            assert metrics.read_bytes() == frozen  # nothing written after it resumed
+            mine = lock.read_holder(str(run))
+            assert (mine.host, mine.pid, mine.gen) == (socket.gethostname(), os.getpid(), 2)
+    finally:
+        for var in (lock.ENV_FLOCK, lock.ENV_STALE, lock.ENV_BEAT):
+            os.environ.pop(var, None)
+        if holder.poll() is None:
+            os.kill(holder.pid, signal.SIGKILL)
+    lines = holder.stderr.read().strip().splitlines()
+    assert len(lines) == 1 and "was taken over by " in lines[0], lines
+    assert f"pid {os.getpid()} since " in lines[0]
 
 
 # ---------------------------------------------------------------- slow: real runs
@@ -163,3 +311,52 @@ def test_a_sigkilled_holder_is_taken_over_and_the_run_resumes_exactly(undisturbe
     assert again.returncode == 0, again.stderr
     assert "resum" in (again.stdout + again.stderr).lower()
     assert _files(tmp_path / "run")[1] == expected[1]
+
+
+@pytest.mark.slow
+def test_a_paused_run_taken_over_writes_nothing_after_it_resumes(undisturbed, tmp_path):
+    """Heartbeats alone (AEPG_LOCK_FLOCK=0): a run stopped (SIGSTOP) past AEPG_LOCK_STALE_S is
+    taken over by a second run of the same command, which finishes it; continued (SIGCONT)
+    after that, the first ends in one line without writing, and the run's files equal an
+    undisturbed run's."""
+    config, expected = undisturbed
+    env = {lock.ENV_FLOCK: "0", lock.ENV_STALE: "3", lock.ENV_BEAT: "0.5"}
+    cmd = [sys.executable, "-m", "aepg_jax.main", f"--config={config}", f"--workdir={tmp_path}"]
+    kwargs = dict(cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                  env={**os.environ, **env})  # fmt: skip
+    first = subprocess.Popen(cmd, **kwargs)
+    ckpts = tmp_path / "checkpoints"
+    _wait_for(
+        lambda: ckpts.exists() and any(s.isdigit() and int(s) >= 4 for s in os.listdir(ckpts)),
+        first,
+    )
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        time.sleep(4)
+        second = subprocess.run(cmd, timeout=900, **kwargs)
+        assert second.returncode == 0, second.stderr
+        before = _snapshot(tmp_path)
+        os.kill(first.pid, signal.SIGCONT)
+        _, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            os.kill(first.pid, signal.SIGKILL)
+    last = err.strip().splitlines()[-1]  # after its progress bars
+    assert first.returncode == 2 and "Traceback" not in err, err
+    assert last.startswith("error: ") and "was taken over by " in last, err
+    assert _snapshot(tmp_path) == before  # the resumed first wrote nothing
+    assert _files(tmp_path)[1] == expected[1]  # (metrics.jsonl repeats the steps resumed)
+
+
+def _snapshot(workdir: pathlib.Path) -> dict:
+    """Every file under `workdir` but the claims (path -> bytes), and Orbax's unfinished
+    checkpoint writes: a save in flight when the holder was stopped goes on in Orbax's thread
+    into its temporary directory (docs/running.md); that it never becomes a checkpoint is
+    checked by the committed steps being the same."""
+    return {
+        str(p.relative_to(workdir)): p.read_bytes()
+        for p in sorted(workdir.rglob("*"))
+        if p.is_file()
+        and lock.CLAIMS_DIR not in p.parts
+        and not any(".orbax-checkpoint-tmp" in part for part in p.parts)
+    }

@@ -21,6 +21,7 @@ import pytest
 from aepg_jax.config import schema
 from aepg_jax.experiments import layout, registry
 from aepg_jax.plan import estimate
+from aepg_jax.runs import lock
 from aepg_jax.sweep import claims
 from aepg_jax.tables import tables
 
@@ -58,13 +59,15 @@ def test_a_worker_skips_done_held_and_just_failed_runs_and_waits_for_held_ones(
     monkeypatch.setenv(claims.ENV_POLL, "0.2")
     runs = registry.get("demo").runs()[:4]
     units = list(enumerate(layout.units(runs)))
-    root, started = str(tmp_path), time.time()
+    root = str(tmp_path)
     done, failed, _, held = (tmp_path / u.name for _, u in units)
     for d in (done, failed, held):
         d.mkdir(parents=True)
     (done / "results.json").write_text("{}")
-    (failed / layout.ERROR_FILE).write_text("boom\n")
-    os.utime(failed / layout.ERROR_FILE, (started - 10, started - 10))  # an earlier sweep's
+    (failed / layout.ERROR_FILE).write_text("boom\n")  # an earlier sweep's
+    later = time.time() + 3600  # written by a file server whose clock is an hour ahead
+    os.utime(failed / layout.ERROR_FILE, (later, later))
+    started = claims.Started(root, units)
     assert claims.pending(root, units, started) == units[1:]
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_FOR, str(held), "2"],
@@ -86,6 +89,35 @@ def test_a_worker_skips_done_held_and_just_failed_runs_and_waits_for_held_ones(
     holder.wait()
     assert ran == [(1, True), (2, True), (3, False)]  # run 3 once its holder had ended
     assert "waiting: the 1 runs left are held by other workers." in capsys.readouterr().out
+    assert claims.pending(root, units, started) == []
+
+
+def test_a_run_whose_lock_cannot_be_used_is_recorded_failed_and_the_worker_goes_on(tmp_path):
+    """A `.lock` that cannot be opened (here a directory: EISDIR, even for root) is no traceback
+    that ends the worker: the run fails in one line (as `main.execute` would, under its own
+    lock), that line is its error file, the other runs run, and the worker does not retry it."""
+    runs = registry.get("demo").runs()[:3]
+    units = list(enumerate(layout.units(runs)))
+    root = str(tmp_path)
+    broken = tmp_path / units[0][1].name
+    (broken / lock.LOCK_FILE).mkdir(parents=True)
+    started = claims.Started(root, units)
+    ran = []
+
+    def run_one(k, unit, left):  # what sweep.run_one does around main.execute
+        workdir = tmp_path / unit.name
+        try:
+            with lock.hold(str(workdir)):
+                (workdir / "results.json").write_text("{}")
+        except lock.LockError as err:
+            (workdir / layout.ERROR_FILE).write_text(f"{err}\n")
+        ran.append(k)
+
+    claims.work(root, units, run_one, started)
+    assert ran == [0, 1, 2]
+    line = (broken / layout.ERROR_FILE).read_text().strip()
+    assert "\n" not in line and line.startswith(f"cannot take the lock of {broken} (")
+    assert str(broken / lock.LOCK_FILE) in line
     assert claims.pending(root, units, started) == []
 
 

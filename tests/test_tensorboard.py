@@ -88,3 +88,38 @@ def test_runs_under_one_root_show_by_their_names(tmp_path):
     for i, name in enumerate(names):
         events = multiplexer.Tensors(name, "train/loss")
         assert [float(tensor_util.make_ndarray(e.tensor_proto)) for e in events] == [float(i)]
+
+
+def test_a_full_disk_under_the_event_file_is_one_line_and_no_thread_traceback(
+    tmp_path, monkeypatch, capfd
+):
+    """The disk fills: tensorboardX's background write fails (ENOSPC at the lowest write call);
+    the run's next record raises one line naming the directory and what to do, no thread
+    prints a traceback, metrics.jsonl keeps every line written, and closing raises nothing."""
+    import errno
+    import time
+
+    from tensorboardX import record_writer
+
+    writer = records.MetricsWriter(tmp_path, tensorboard=True)
+    writer.write("train", step=0, loss=1.0)
+    writer.events.flush()
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", full)
+    deadline, step = time.time() + 60, 1
+    with pytest.raises(tb.EventWriteError) as err:
+        while time.time() < deadline:
+            writer.write("train", step=step, loss=1.0)
+            step += 1
+            time.sleep(0.01)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"cannot write TensorBoard events to {tmp_path} (")
+    assert "No space left on device" in line and "--config.tensorboard=False" in line
+    writer.close()  # no second error
+    lines = (tmp_path / records.METRICS_FILE).read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(step + 1))  # the last too
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err + captured.out

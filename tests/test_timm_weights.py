@@ -82,7 +82,7 @@ def test_a_safetensors_file_passes_validation_and_bad_ones_are_one_line(tmp_path
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(data[: len(data) - 1000])
     message = _one_problem(_tiny_augreg_config(truncated))
-    assert "not a readable .safetensors file" in message and "truncated" in message
+    assert f"is truncated: expected {len(data)} bytes, file has {len(data) - 1000}" in message
 
     # A tensor renamed: named as missing (our name) and unexpected (timm's name).
     tensors = timm.read_safetensors(SAFETENSORS)
@@ -112,11 +112,19 @@ def test_a_truncated_file_is_one_error_line_when_loaded(tmp_path):
     path.write_bytes(SAFETENSORS.read_bytes()[:5000])
     with pytest.raises(augreg.CheckpointError) as err:
         timm.read_safetensors(path)
-    assert "\n" not in str(err.value) and "truncated" in str(err.value)
+    whole = len(SAFETENSORS.read_bytes())
+    assert "\n" not in str(err.value)
+    assert f"is truncated: expected {whole} bytes, file has 5000" in str(err.value)
+    header_cut = tmp_path / "header_cut.safetensors"
+    header_cut.write_bytes(SAFETENSORS.read_bytes()[:20])  # inside the header
+    n = struct.unpack("<Q", SAFETENSORS.read_bytes()[:8])[0]
+    with pytest.raises(augreg.CheckpointError, match=f"expected {8 + n} bytes, file has 20"):
+        timm.read_safetensors(header_cut)
     header = json.dumps({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
     short = tmp_path / "short.safetensors"
     short.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
-    with pytest.raises(augreg.CheckpointError, match="tensors end at byte"):
+    expected = f"expected {8 + len(header) + 16} bytes, file has {8 + len(header) + 8}"
+    with pytest.raises(augreg.CheckpointError, match=expected):
         timm.safetensor_shapes(short)
 
 

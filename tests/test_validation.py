@@ -156,3 +156,19 @@ def test_several_problems_are_one_line_with_one_full_stop_each_gap():
     message = str(err.value)
     assert ".;" not in message and not message.endswith("..") and message.endswith(".")
     assert "loss.gamma=-1.0 must be >= 0; " in message
+
+
+@pytest.mark.parametrize("init", ["random", "pretrained"])
+def test_weights_given_to_a_model_that_does_not_load_them_are_refused(tmp_path, init):
+    """`--config.model.checkpoint=FILE` without `model.init=augreg` would train on other
+    weights: refused in one line naming both fields, not ignored."""
+    weights = tmp_path / "weights.npz"
+    weights.write_bytes(b"")
+    cfg = _tiny()
+    cfg.model.init, cfg.model.checkpoint = init, str(weights)
+    with pytest.raises(ValueError) as err:
+        schema.validate(cfg)
+    message = str(err.value)
+    assert "\n" not in message, message
+    assert f"model.checkpoint={weights} is set but model.init={init!r} does not load it" in message
+    assert "--config.model.init=augreg" in message

@@ -131,16 +131,25 @@ def _open_error(path: str, err: Exception) -> augreg.CheckpointError:
     )
 
 
+def _truncated(path: str, expected: int, size: int) -> augreg.CheckpointError:
+    return augreg.CheckpointError(
+        f"{path!r} is truncated: expected {expected} bytes, file has {size} (an interrupted "
+        "download); download it again."
+    )
+
+
 def _check_size(path: str) -> None:
-    """A file shorter than its header's data offsets (a truncated download) is refused."""
+    """A file shorter than its header says (a truncated download) is refused in one line."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise _open_error(path, ValueError("shorter than the 8-byte header length"))
+            raise _truncated(path, 8, size)
         n = struct.unpack("<Q", head)[0]
         if n > size - 8:
-            raise _open_error(path, ValueError(f"header of {n} bytes, file of {size}"))
+            if n >= 2**30:  # no header is this long: not a length at all
+                raise _open_error(path, ValueError(f"a header length of {n} bytes"))
+            raise _truncated(path, 8 + n, size)
         try:
             header = json.loads(f.read(n))
         except ValueError as err:
@@ -153,7 +162,7 @@ def _check_size(path: str) -> None:
     except (AttributeError, KeyError, IndexError, TypeError, ValueError) as err:
         raise _open_error(path, ValueError(f"malformed header ({err!r})")) from err
     if 8 + n + end > size:
-        raise _open_error(path, ValueError(f"tensors end at byte {8 + n + end}, file has {size}"))
+        raise _truncated(path, 8 + n + end, size)
 
 
 def _safe_open(path: str) -> Callable:

@@ -154,6 +154,12 @@ def model_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
         p,
     )
     check(m.init in MODEL_INITS, f"model.init={m.init!r}: use one of {MODEL_INITS}.", p)
+    check(
+        not (m.checkpoint and m.init in ("random", "pretrained")),
+        f"model.checkpoint={m.checkpoint} is set but model.init={m.init!r} does not load it; "
+        "add --config.model.init=augreg to start from those weights, or drop model.checkpoint.",
+        p,
+    )
 
 
 def pretrain_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import os
+import shutil
 import sys
 
 from aepg_jax.prepare import archives, builders, folder_build, tfds_build
@@ -49,6 +51,58 @@ def _alone(data_dir: str, name: str):
                 f"another preparation of {name} is writing into {data_dir}; wait for it to end."
             ) from None
         yield
+
+
+STAGING_SUFFIX = ".preparing"
+
+
+def _size(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_size
+    return total
+
+
+def clean_leftovers(data_dir: str, own: str) -> None:
+    """Removes the staging dirs (`.<name>.preparing/`) that killed preparations left in
+    `data_dir`, each with one line; one whose dataset is being prepared now (its `.<name>.lock`
+    held by another process) is left alone. `own`: the dataset this process prepares (its lock
+    held here)."""
+    for entry in sorted(os.listdir(data_dir)):
+        if not (entry.startswith(".") and entry.endswith(STAGING_SUFFIX)):
+            continue
+        name = entry[1 : -len(STAGING_SUFFIX)]
+        path = os.path.join(data_dir, entry)
+        with contextlib.ExitStack() as stack:
+            if name != own:
+                lock = stack.enter_context(open(os.path.join(data_dir, f".{name}.lock"), "w"))
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # being prepared right now
+            size = _size(path)
+            shutil.rmtree(path, ignore_errors=True)
+            print(f"removed {path} ({size / 2**20:.0f} MiB), left by a preparation of {name} "
+                  "that was stopped before it ended.", flush=True)  # fmt: skip
+
+
+def _out_of_space(err: BaseException) -> bool:
+    return (isinstance(err, OSError) and err.errno == errno.ENOSPC) or (
+        "No space left on device" in str(err)
+    )
+
+
+def space_message(name: str, data_dir: str, sources: list[str]) -> str:
+    """One line: the disk under `data_dir` filled while `name` was written."""
+    need = 2 * sum(os.path.getsize(s) for s in sources if os.path.isfile(s))
+    free = shutil.disk_usage(data_dir).free
+    return (
+        f"the disk under {data_dir} filled while {name} was written: it needs about "
+        f"{need / 2**30:.1f} GiB free there (twice its archives), {free / 2**30:.1f} GiB are; "
+        "free space (or pass another --data_dir) and run the same command again."
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         os.makedirs(data_dir, exist_ok=True)
         with _alone(data_dir, args.name):
+            clean_leftovers(data_dir, args.name)
             if args.name in folder_build.NUM_CLASSES:
                 (source,) = sources
                 where = folder_build.prepare(args.name, source, data_dir, force=args.force)
@@ -87,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             where = tfds_build.prepare(
                 args.name, sources, data_dir, checksums=args.checksums, force=args.force
             )
-    except (archives.ArchiveError, OSError, ValueError) as err:
+    except Exception as err:
+        if _out_of_space(err):
+            cli.fail(space_message(args.name, data_dir, sources))
+        if not isinstance(err, archives.ArchiveError | OSError | ValueError):
+            raise
         cli.fail(str(err))
     except KeyboardInterrupt:
         print(

@@ -5,7 +5,8 @@
 1. Each archive in `sources` is matched to an official one (`archives.official_archives`, or
    a `--checksums` file) and its size and sha256 are checked before any other work.
 2. `builders.BUILDERS[name]` writes the dataset with TFDS's writer into
-   `<data_dir>/.<name>.preparing/` (removed first if a killed run left it), its shuffle done
+   `<data_dir>/.<name>.preparing/` (a killed run's is removed, with one line, by the next
+   preparation of any dataset in that directory), its shuffle done
    by `shuffler.SpillingShuffler` (TFDS's order; bounded memory, spills to local files; TFDS's
    own spills through TensorFlow above 1 GB).
 3. Extras (ImageNet-R's split file) are written into the staged version directory, then that

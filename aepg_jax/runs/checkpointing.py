@@ -37,6 +37,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from aepg_jax.models import partition
+from aepg_jax.runs import lock
 
 META_DIGEST = "_meta"  # key of the meta's own digest in meta["digests"]
 
@@ -204,7 +205,9 @@ class Checkpointer:
 
     def save(self, step: int, items: dict[str, Any], meta: dict[str, Any]) -> None:
         """Starts an asynchronous save of checkpoint `step` (replaces an existing one): each
-        named pytree of `items` (empty trees are skipped: Orbax refuses them) and `meta`."""
+        named pytree of `items` (empty trees are skipped: Orbax refuses them) and `meta`;
+        `lock.Lost` when another process has taken the run over."""
+        lock.fence(self.directory)
         if step in self._manager.all_steps():
             self._writing(self._manager.wait_until_finished)
             self._writing(lambda: self._manager.delete(step))
@@ -218,6 +221,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Blocks until the pending asynchronous save is on disk."""
+        lock.fence(self.directory)
         self._writing(self._manager.wait_until_finished)
 
     def restore_latest(
@@ -270,8 +274,8 @@ class Checkpointer:
 
     def close(self) -> None:
         """Waits for the pending save and closes; after a failed save, nothing (its threads
-        would never finish)."""
-        if self._failed:
+        would never finish), or after the run was taken over by another process (`lock.Lost`)."""
+        if self._failed or not lock.owns(self.directory):
             return
         self._writing(self._manager.wait_until_finished)
         self._manager.close()

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from aepg_jax import losses
+from aepg_jax.runs import lock
 
 METRICS_FILE = "metrics.jsonl"
 RESULTS_FILE = "results.json"
@@ -87,6 +88,7 @@ class MetricsWriter:
 
             self.events = EventWriter(workdir)
         if enabled:
+            lock.fence(self.path)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
                 _drop_partial_last_line(self.path)
@@ -102,6 +104,7 @@ class MetricsWriter:
         line = {"type": record, **fields} if isinstance(record, str) else {**record, **fields}
         if not isinstance(line.get("type"), str) or not line["type"]:
             raise ValueError(f"A metrics record needs a non-empty string `type`; got {line!r}.")
+        lock.fence(self.path)  # lock.Lost once another process has taken the run over
         self._file.write(_dumps(line) + "\n")
         self._file.flush()
         if self.events is not None:
@@ -117,7 +120,8 @@ class MetricsWriter:
             self._file.close()
             self._file = None
         if self.events is not None:
-            self.events.close()
+            if lock.owns(self.path):  # a run taken over writes no more events
+                self.events.close()
             self.events = None
 
     def __enter__(self) -> MetricsWriter:
@@ -200,6 +204,7 @@ def write_results(
     the mode of any file the process creates (0644 under the usual umask 022, not mkstemp's
     0600)."""
     workdir = Path(workdir)
+    lock.fence(workdir / filename)
     workdir.mkdir(parents=True, exist_ok=True)
     text = _dumps(results, indent=2) + "\n"
     fd, tmp = tempfile.mkstemp(dir=workdir, prefix=f".{filename}.", suffix=".tmp")

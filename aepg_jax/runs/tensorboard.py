@@ -10,6 +10,11 @@ Position fields (`step`, `task`, `task_step`, `epoch`), booleans, strings and nu
 scalars. metrics.jsonl stays the source of truth: the events hold the same numbers. They go
 into the run's own directory, so `tensorboard --logdir=SWEEPDIR` lists a sweep's runs by their
 directory names.
+
+A disk that fills (or any other failed write of the event file, in tensorboardX's background
+thread or at a flush) raises `EventWriteError` at the run's next record, one line; the failed
+writer writes nothing more and its `close` does not raise again, so the run stops as after any
+error and the same command resumes it from its last checkpoint (in a new event file).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from aepg_jax.runs import lock
 
 POSITION_FIELDS = frozenset({"type", "step", "task", "task_step", "epoch"})
 
@@ -43,16 +50,51 @@ def scalars(record: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
             yield from walk(f"{kind}/{key}", value)
 
 
+class EventWriteError(RuntimeError):
+    """The event file could not be written (a full disk, say)."""
+
+
 class EventWriter:
     """Writes a run's scalars and config text into `directory`'s event file."""
 
     def __init__(self, directory: str | os.PathLike):
         from tensorboardX import SummaryWriter
 
-        self._writer = SummaryWriter(logdir=os.fspath(directory), flush_secs=30)
+        self.directory = os.fspath(directory)
+        self.error: OSError | None = None
+        self._writer = SummaryWriter(logdir=self.directory, flush_secs=30)
+        events = self._writer._get_file_writer().event_writer._ev_writer  # tensorboardX's file
+        events.write_event = self._guarded(events.write_event)
+        events.flush = self._guarded(events.flush)
+
+    def _guarded(self, call):
+        """`call` that keeps its OSError (raised in tensorboardX's thread, or at a flush) for
+        `check` instead of raising it; after one, it writes nothing more."""
+
+        def guarded(*args):
+            if self.error is not None or not lock.owns(self.directory):
+                return None  # failed before, or the run was taken over: nothing more
+            try:
+                return call(*args)
+            except OSError as err:
+                self.error = err
+                return None
+
+        return guarded
+
+    def check(self) -> None:
+        """Raises EventWriteError, one line, once a write of the event file failed."""
+        if self.error is not None:
+            reason = self.error.strerror or type(self.error).__name__
+            raise EventWriteError(
+                f"cannot write TensorBoard events to {self.directory} ({reason}); free space on "
+                "its disk (or turn them off with --config.tensorboard=False) and run the same "
+                "command to resume from the last checkpoint."
+            )
 
     def record(self, record: Mapping[str, Any]) -> None:
         """The scalars of one metrics record (JSON-ready: `records.to_jsonable`)."""
+        self.check()
         step = record.get("step")
         if step is None:
             return
@@ -62,11 +104,21 @@ class EventWriter:
     def text(self, tag: str, value: Any) -> None:
         """`value` (JSON-ready: `records.to_jsonable`) as JSON in a code block (TensorBoard
         renders text as Markdown)."""
+        self.check()
         body = json.dumps(value, indent=1, sort_keys=True)
         self._writer.add_text(tag, "\n".join("    " + line for line in body.splitlines()), 0)
 
     def flush(self) -> None:
         self._writer.flush()
+        self.check()
 
     def close(self) -> None:
-        self._writer.close()
+        """Flushes and closes; after a failed write, closes without raising (the failure was
+        raised at a record, or is no use to report now)."""
+        failed = self.error is not None
+        try:
+            self._writer.close()
+        except OSError:
+            failed = True
+        if not failed:
+            self.check()

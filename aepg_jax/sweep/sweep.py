@@ -406,7 +406,7 @@ def sweep(
     interpreter shutdown may wait for them)."""
     from aepg_jax.runs import checkpointing
 
-    started = time.time()
+    started = claims.Started(root, mine)  # the error files now: no clocks compared
     todo = claims.pending(root, mine, started)
     runs = "run" if len(units) == 1 else "runs"
     which = (
