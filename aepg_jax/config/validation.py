@@ -10,12 +10,13 @@ import ml_collections
 import numpy as np
 
 from aepg_jax import losses, schedules
-from aepg_jax.data import datasets
+from aepg_jax.checkpoints import catalog
+from aepg_jax.data import augment, datasets
 from aepg_jax.models import peft as peft_lib
 from aepg_jax.models import vit
 
 MODEL_INITS = ("random", "augreg", "pretrained")
-NORMALIZE = ("minus_one_one", "none")
+NORMALIZE = augment.NORMALIZE_MODES
 LR_SCHEDULES = ("constant", "cosine_epochs")
 
 
@@ -154,6 +155,30 @@ def model_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
         p,
     )
     check(m.init in MODEL_INITS, f"model.init={m.init!r}: use one of {MODEL_INITS}.", p)
+    family = m.get("family", vit.DEFAULT_FAMILY)
+    check(
+        family in vit.FAMILIES,
+        f"model.family={family!r}: use one of {tuple(vit.FAMILIES)}.",
+        p,
+    )
+    name = m.get("weights")
+    if name is None:
+        return
+    if name not in catalog.WEIGHTS:
+        p.append(f"model.weights={name!r} is unknown; use one of {', '.join(catalog.WEIGHTS)}.")
+        return
+    w = catalog.WEIGHTS[name]
+    check(
+        family == w.family,
+        f"model.weights={name} is a {w.family}-family backbone, model.family={family}: set "
+        f"model.family={w.family}.",
+        p,
+    )
+    check(
+        m.init == "augreg",
+        f"model.weights={name} is loaded with model.init=augreg (model.init={m.init}).",
+        p,
+    )
 
 
 def pretrain_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
