@@ -29,7 +29,9 @@ Fields (defaults in brackets):
   data.label_noise [0.0]       symmetric within-task label noise rate on training labels
   data.noise_seed [0]          seed of the label noise
   data.crop_scale [(0.05, 1.0)] / data.crop_ratio [(0.75, 1.333...)] / data.flip_prob [0.5]
-  input.normalize [minus_one_one]  minus_one_one ([-1, 1], augreg) | none ([0, 1], LAE's)
+  input.normalize [minus_one_one]  minus_one_one ([-1, 1], augreg) | none ([0, 1], LAE's) |
+                               imagenet / clip (ImageNet's / CLIP's mean and std: DINO, DINOv2,
+                               CLIP weights; data/augment.py MEAN_STD)
   model.*                      see models/vit.py model_config (preset fields + peft.*)
   model.dtype [float32]        compute dtype, float32 | bfloat16 (params, loss, head: float32)
   model.preset [vit_b16]       the preset the model fields came from (informational)
