@@ -14,6 +14,10 @@ Arguments (`configs/imagenet_r.py:key=value,...`, defaults in brackets):
   alpha [0.5]       fixed alpha of loss=mix (and of schedule=constant)
   gamma [1.0] / smoothing [0.05] / beta [the loss's: 0.1 confidence, 1.0 entropy penalty]
   noise [0.0]       symmetric label-noise rate of the training labels (0.2 in the paper)
+  weights [None]    a published backbone by name (docs/data.md, e.g. vit_base_patch16_clip_224
+                    .openai): sets model.weights and the family, patch size and input.normalize
+                    the weights need; the file is the local Hugging Face cache's
+                    (`hf download timm/<name> model.safetensors`); None: model.checkpoint
   settings [reference]  reference: each method's reference-implementation optimiser settings
                     (L2P++ / CODA-P: Adam 1e-3, batch 128, per-epoch cosine decay; DualPrompt:
                     Adam 4.6875e-4, batch 24, clip 1.0; InfLoRA: Adam 5e-4, batch 128, per-epoch
@@ -34,8 +38,9 @@ data.split_seed). configs/README.md maps every table and figure to its runs.
 
     CKPT=/path/to/B_16-i21k-300ep-...-res_224.npz
 
-The paper's runs of this config are data (`aepg_jax/experiments/paper.py`, experiments `table1`,
-`table3`, `table6`, `table8`, `fig1`, `fig2`, `fig3a`, `fig3b`, `fig6`); list them with their
+The paper's runs of this config are data (`aepg_jax/experiments/paper.py`, experiments
+`table1`, `table3`, `table6`, `table8`, `fig1`, `fig2`, `fig3a`, `fig3b`, `fig6`, `backbones`);
+list them with their
 `aepg_jax.main` commands (`--where=key=value,...` narrows the list, e.g. `--where=seed=0`):
 
     python -m aepg_jax.sweep --experiment=paper --where=config=imagenet_r --list
@@ -58,8 +63,10 @@ from aepg_jax.config import arguments
 
 
 def get_config(arg=None):
-    a = arguments.parse_arg(arg, tasks=10, **arguments.PAPER_ARGS)
+    a = arguments.parse_arg(arg, tasks=10, weights=(None, str), **arguments.PAPER_ARGS)
     c = arguments.paper_config(a)
+    if a.weights is not None:
+        arguments.use_weights(c, a.weights)
     c.data.source = "tfds"
     c.data.name = "imagenet_r"
     c.data.num_tasks = a.tasks

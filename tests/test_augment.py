@@ -238,10 +238,10 @@ def test_normalize_modes_and_errors():
     np.testing.assert_allclose(augment.normalize(x, "minus_one_one"), [-1.0, 0.0, 1.0])
     np.testing.assert_allclose(augment.normalize(x, "none"), [0.0, 0.5, 1.0])
     chex.assert_type(augment.normalize(jnp.asarray([3], jnp.uint8), "none"), jnp.float32)
-    with pytest.raises(ValueError, match="Valid modes: minus_one_one, none"):
-        augment.normalize(x, "imagenet")
+    with pytest.raises(ValueError, match="Valid modes: minus_one_one, none, imagenet, clip"):
+        augment.normalize(x, "zscore")
     with pytest.raises(ValueError, match="Valid modes"):
-        augment.train_augment(jax.random.key(0), _images(), OUT, normalize_mode="imagenet")
+        augment.train_augment(jax.random.key(0), _images(), OUT, normalize_mode="zscore")
 
 
 def test_test_transform_center_crops_and_normalizes():

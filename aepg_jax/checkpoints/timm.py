@@ -14,8 +14,10 @@ of `checkpoints/augreg.py`:
     blocks.i.attn.qkv.bias (3D,)       -> .../{query,key,value}/bias (H, Dh)
     blocks.i.attn.proj.weight (D, D)   -> .../out/kernel (H, Dh, D);  proj.bias -> out/bias
     blocks.i.mlp.fc{1,2}.weight        -> .../MlpBlock_0/Dense_{0,1}/kernel (transposed)
+    norm_pre.{weight,bias}             -> Transformer/pre_norm/{scale,bias}      (clip family)
+    blocks.i.ls{1,2}.gamma             -> encoderblock_i/LayerScale_{0,1}/scale  (dinov2 family)
 
-`head.*` is ignored (we train our own heads); any other key (`fc_norm`, `norm_pre`, registers)
+`head.*` is ignored (we train our own heads); any other key (`fc_norm`, registers)
 is kept under its timm name so that validation reports it as unexpected. The head count `H` is
 not in the file: it is the model's (`num_heads`), which any split of `D` fits.
 
@@ -46,6 +48,8 @@ _TOP = {
     "patch_embed.proj.bias": "embedding/bias",
     "norm.weight": "Transformer/encoder_norm/scale",
     "norm.bias": "Transformer/encoder_norm/bias",
+    "norm_pre.weight": "Transformer/pre_norm/scale",  # clip family
+    "norm_pre.bias": "Transformer/pre_norm/bias",
 }
 _IN_BLOCK = {
     "norm1.weight": "LayerNorm_0/scale",
@@ -55,6 +59,8 @@ _IN_BLOCK = {
     "mlp.fc1.bias": "MlpBlock_0/Dense_0/bias",
     "mlp.fc2.bias": "MlpBlock_0/Dense_1/bias",
     "attn.proj.bias": "MultiHeadDotProductAttention_0/out/bias",
+    "ls1.gamma": "LayerScale_0/scale",  # dinov2 family
+    "ls2.gamma": "LayerScale_1/scale",
 }
 _TRANSPOSED = {
     "mlp.fc1.weight": "MlpBlock_0/Dense_0/kernel",

@@ -1,9 +1,10 @@
 """`model.checkpoint` in any supported form: an augreg `.npz`, a timm `.safetensors`, or an
 `hf-hub:timm/<model>` id (resolved from the local Hugging Face cache); which weights it holds.
 
-    path = weights.local_path(cfg.model.checkpoint)        # hf-hub id -> cached file
+    checkpoint = weights.checkpoint_of(cfg.model)          # model.checkpoint or model.weights
+    path = weights.local_path(checkpoint)                  # hf-hub id -> cached file
     params = weights.load_backbone(path, params)           # either format
-    weights.identify(cfg.model.checkpoint, path)           # format, sha256, which weights
+    weights.identify(checkpoint, path, cfg.model.weights)  # format, sha256, which weights
 
 Identification: the paper's backbone is ViT-B/16 augreg, in21k pretrained and fine-tuned on
 in1k: Google's `AUGREG_FILE` or timm's `vit_base_patch16_224.augreg_in21k_ft_in1k`. timm's
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from aepg_jax.checkpoints import augreg, hub, timm
+from aepg_jax.checkpoints import augreg, catalog, hub, timm
 
 PAPER_TAG = "augreg_in21k_ft_in1k"
 OTHER_TAGS = ("augreg2_in21k_ft_in1k",)
@@ -29,6 +30,17 @@ AUGREG_FILE = (
     "B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01"
     "-res_224.npz"
 )
+
+
+def checkpoint_of(model_cfg: Any) -> str | None:
+    """The file or `hf-hub:` id a model config loads: `model.checkpoint` when set, else the
+    cached hub file of `model.weights` (`catalog.WEIGHTS`), else None."""
+    if model_cfg.get("checkpoint"):
+        return model_cfg.checkpoint
+    name = model_cfg.get("weights")
+    if name and name in catalog.WEIGHTS:
+        return catalog.WEIGHTS[name].checkpoint
+    return None
 
 
 def local_path(checkpoint: str) -> str:
@@ -82,22 +94,38 @@ def weights_tag(checkpoint: str, path: str) -> str | None:
     return None
 
 
-def identify(checkpoint: str, path: str) -> dict[str, Any]:
-    """`{"path", "format", "sha256", "weights", "paper_weights"}` for results.json."""
+def identify(checkpoint: str, path: str, name: str | None = None) -> dict[str, Any]:
+    """`{"path", "file", "format", "sha256", "weights", "paper_weights", "name", "family"}` for
+    results.json; `name` is `model.weights` (None: the tag is read from the id, path or
+    metadata). A file whose sha256 differs from the one `catalog` knows for `name` is refused."""
     tag = weights_tag(checkpoint, path)
+    sha = file_sha256(path)
+    entry = catalog.WEIGHTS.get(name) if name else None
+    if entry is not None:
+        tag = entry.name.partition(".")[2]
+        if entry.sha256 and sha != entry.sha256:
+            raise augreg.CheckpointError(
+                f"model.weights={name}: {path} has sha256 {sha}, the published file "
+                f"{entry.sha256}: download it again (`{hub.download_command(entry.hub_id)}`)."
+            )
     return {
         "path": checkpoint,
         "file": path,
         "format": "timm safetensors" if timm.is_safetensors(path) else "augreg npz",
-        "sha256": file_sha256(path),
+        "sha256": sha,
         "weights": tag,
         "paper_weights": None if tag is None else tag == PAPER_TAG,
+        "name": name,
+        "family": entry.family if entry else None,
     }
 
 
 def describe(info: dict[str, Any]) -> str:
     """One line saying which weights were loaded."""
     head = f"backbone: {info['path']} ({info['format']}, sha256 {info['sha256'][:16]}...)"
+    if info.get("name"):
+        paper = "the paper's weights" if info["paper_weights"] else "not the paper's weights"
+        return f"{head}: {info['name']} ({info['family']} family; {paper})"
     if info["paper_weights"]:
         return f"{head}: the paper's weights ({PAPER_TAG})"
     if info["weights"]:

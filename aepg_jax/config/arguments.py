@@ -21,6 +21,7 @@ from typing import Any
 import ml_collections
 
 from aepg_jax import methods
+from aepg_jax.checkpoints import catalog
 from aepg_jax.config import schema
 
 _TRUE, _FALSE = ("true", "1"), ("false", "0")
@@ -132,6 +133,16 @@ PAPER_ARGS: dict[str, Any] = {
     "settings": "reference",
 }
 SETTINGS = ("reference", "common")
+
+
+def use_weights(c: ml_collections.ConfigDict, name: str) -> None:
+    """`c` set to load the published backbone `name` (`checkpoints/catalog.py`): model.weights,
+    the family, patch size and image normalisation it needs; an unknown name is refused."""
+    w = catalog.get(name)
+    c.model.weights = name
+    c.model.family = w.family
+    c.model.patch_size = w.patch_size
+    c.input.normalize = w.normalize
 
 
 def paper_config(args: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -21,7 +21,7 @@ import zipfile
 import ml_collections
 import numpy as np
 
-from aepg_jax.checkpoints import augreg, hub, timm, weights
+from aepg_jax.checkpoints import augreg, catalog, hub, timm, weights
 from aepg_jax.data import datasets
 from aepg_jax.models import vit
 
@@ -61,11 +61,18 @@ def _npz_shapes(path: str, size: int, mtime_ns: int) -> dict[str, tuple[int, ...
 
 def backbone_shapes(m: ml_collections.ConfigDict) -> dict[str, tuple[int, ...]]:
     """The backbone's parameter shapes (Linen names) for the model fields `m`; the position
-    embedding's token count is None (any grid is resized on load)."""
+    embedding's token count is None (any grid is resized on load); `model.family` adds the
+    clip pre-norm (and drops the patch bias) or the dinov2 layer scales."""
     d, h, mlp, p, c = m.hidden_size, m.num_heads, m.mlp_dim, m.patch_size, m.num_channels
+    family = vit.family_of(m.get("family", vit.DEFAULT_FAMILY))
     shapes = {
         "embedding/kernel": (p, p, c, d),
-        "embedding/bias": (d,),
+        **({"embedding/bias": (d,)} if family.patch_bias else {}),
+        **(
+            {"Transformer/pre_norm/scale": (d,), "Transformer/pre_norm/bias": (d,)}
+            if family.pre_norm
+            else {}
+        ),
         "cls": (1, 1, d),
         augreg.POSEMB: (1, None, d),
         "Transformer/encoder_norm/scale": (d,),
@@ -85,6 +92,8 @@ def backbone_shapes(m: ml_collections.ConfigDict) -> dict[str, tuple[int, ...]]:
         shapes[f"{block}MlpBlock_0/Dense_0/bias"] = (mlp,)
         shapes[f"{block}MlpBlock_0/Dense_1/kernel"] = (mlp, d)
         shapes[f"{block}MlpBlock_0/Dense_1/bias"] = (d,)
+        if family.layer_scale:
+            shapes[f"{block}LayerScale_0/scale"] = shapes[f"{block}LayerScale_1/scale"] = (d,)
     return shapes
 
 
@@ -118,7 +127,7 @@ def checkpoint_problem(path: str | None, m: ml_collections.ConfigDict) -> str | 
     if not path:
         return (
             "model.init=augreg needs model.checkpoint=<path of the .npz or timm .safetensors, "
-            f"or hf-hub:{hub.PAPER_ID}>: {_GET}."
+            f"or hf-hub:{hub.PAPER_ID}> or model.weights=<name> (docs/data.md): {_GET}."
         )
     try:
         expanded = weights.local_path(path)
@@ -131,6 +140,15 @@ def checkpoint_problem(path: str | None, m: ml_collections.ConfigDict) -> str | 
     found, problem = _found_shapes(path, expanded, m)
     if problem:
         return problem
+    family = m.get("family", vit.DEFAULT_FAMILY)
+    if family not in vit.FAMILIES:
+        return None  # config.validation names it
+    held, evidence = catalog.family_of_names(found)
+    if held != family:
+        return (
+            f"model.checkpoint={path} holds a {held}-family ViT ({evidence}), not "
+            f"model.family={family}: set model.family={held}."
+        )
     wanted = backbone_shapes(m)
     missing = sorted(wanted.keys() - found.keys())
     wrong = [
@@ -168,7 +186,7 @@ def problems(cfg: ml_collections.ConfigDict) -> list[str]:
     """One line per unusable file the config names (weights, split file)."""
     p = []
     if cfg.model.init == "augreg":
-        problem = checkpoint_problem(cfg.model.checkpoint, cfg.model)
+        problem = checkpoint_problem(weights.checkpoint_of(cfg.model), cfg.model)
         if problem:
             p.append(problem)
     split_file = cfg.data.get("split_file")

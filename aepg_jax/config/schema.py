@@ -29,10 +29,21 @@ Fields (defaults in brackets):
   data.label_noise [0.0]       symmetric within-task label noise rate on training labels
   data.noise_seed [0]          seed of the label noise
   data.crop_scale [(0.05, 1.0)] / data.crop_ratio [(0.75, 1.333...)] / data.flip_prob [0.5]
-  input.normalize [minus_one_one]  minus_one_one ([-1, 1], augreg) | none ([0, 1], LAE's)
+  input.normalize [minus_one_one]  minus_one_one ([-1, 1], augreg) | none ([0, 1], LAE's) |
+                               imagenet / clip (ImageNet's / CLIP's mean and std: DINO, DINOv2,
+                               CLIP weights; data/augment.py MEAN_STD)
   model.*                      see models/vit.py model_config (preset fields + peft.*)
   model.dtype [float32]        compute dtype, float32 | bfloat16 (params, loss, head: float32)
   model.preset [vit_b16]       the preset the model fields came from (informational)
+  model.family [vit]           vit | dinov2 | clip: the ViT's layout and numerics (models/vit.py
+                               FAMILIES): vit the augreg / timm standard ViT (IN-21K,
+                               IN-21K-ft-IN-1K, DINO weights), dinov2 adds layer scale, clip a
+                               pre-norm, no patch-embedding bias, QuickGELU, LayerNorm eps 1e-5
+  model.weights [None]         a published backbone by name (checkpoints/catalog.py WEIGHTS,
+                               docs/data.md), e.g. vit_base_patch16_clip_224.openai: its file is
+                               model.checkpoint if set, else hf-hub:timm/<name> from the local
+                               Hugging Face cache (never downloaded); its family must be
+                               model.family; results.json records the name and the sha256
   model.init [random]          random | augreg (load model.checkpoint) | pretrained (pretrain.*)
   model.checkpoint [None]      path of an augreg/original ViT .npz (model.init=augreg); its key
                                list and array shapes are checked at validation (input_files.py)
@@ -138,6 +149,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
     c.model.preset = preset
     c.model.init = "random"
     c.model.checkpoint = config_dict.placeholder(str)
+    c.model.weights = config_dict.placeholder(str)
     c.pretrain = dict(
         dataset="fashion_mnist",
         data_dir=config_dict.placeholder(str),

@@ -10,12 +10,13 @@ import ml_collections
 import numpy as np
 
 from aepg_jax import losses, schedules
-from aepg_jax.data import datasets
+from aepg_jax.checkpoints import catalog
+from aepg_jax.data import augment, datasets
 from aepg_jax.models import peft as peft_lib
 from aepg_jax.models import vit
 
 MODEL_INITS = ("random", "augreg", "pretrained")
-NORMALIZE = ("minus_one_one", "none")
+NORMALIZE = augment.NORMALIZE_MODES
 LR_SCHEDULES = ("constant", "cosine_epochs")
 
 
@@ -158,6 +159,30 @@ def model_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
         not (m.checkpoint and m.init in ("random", "pretrained")),
         f"model.checkpoint={m.checkpoint} is set but model.init={m.init!r} does not load it; "
         "add --config.model.init=augreg to start from those weights, or drop model.checkpoint.",
+        p,
+    )
+    family = m.family
+    check(
+        family in vit.FAMILIES,
+        f"model.family={family!r}: use one of {tuple(vit.FAMILIES)}.",
+        p,
+    )
+    name = m.weights
+    if name is None:
+        return
+    if name not in catalog.WEIGHTS:
+        p.append(f"model.weights={name!r} is unknown; use one of {', '.join(catalog.WEIGHTS)}.")
+        return
+    w = catalog.WEIGHTS[name]
+    check(
+        family == w.family,
+        f"model.weights={name} is a {w.family}-family backbone, model.family={family}: set "
+        f"model.family={w.family}.",
+        p,
+    )
+    check(
+        m.init == "augreg",
+        f"model.weights={name} is loaded with model.init=augreg (model.init={m.init}).",
         p,
     )
 

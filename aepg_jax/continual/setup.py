@@ -105,9 +105,11 @@ def initial_params(cfg: ml_collections.ConfigDict, key: jax.Array, mesh) -> Para
     params = vit.init_params(cfg.model, jax.random.fold_in(key, 0))
     if cfg.model.init == "augreg":
         try:
-            params = weights.load_backbone(weights.local_path(cfg.model.checkpoint), params)
+            path = weights.local_path(weights.checkpoint_of(cfg.model))
+            params = weights.load_backbone(path, params)
         except augreg.CheckpointError as err:  # name the field the user set
-            raise augreg.CheckpointError(f"model.checkpoint: {err}") from err
+            field = "model.checkpoint" if cfg.model.checkpoint else "model.weights"
+            raise augreg.CheckpointError(f"{field}: {err}") from err
     elif cfg.model.init == "pretrained":
         params = augreg.load_backbone(pretrain.pretrain_backbone(cfg, mesh), params)
     return params
@@ -118,7 +120,7 @@ def backbone_source(cfg: ml_collections.ConfigDict) -> dict | None:
     pretrained one, `sha256` (`pretrain.file_fingerprint`); None for a random backbone. (For
     `model.init=augreg`, `build` adds the file's format, sha256 and weights tag.)"""
     if cfg.model.init == "augreg":
-        return {"path": cfg.model.checkpoint, "shipped": False}
+        return {"path": weights.checkpoint_of(cfg.model), "shipped": False}
     if cfg.model.init != "pretrained":
         return None
     shipped = pretrain.shipped_backbone(cfg)
@@ -258,8 +260,10 @@ def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     )
     if cfg.model.init != "augreg":
         return run
-    # The loaded file: format, sha256 and which weights (the paper's or timm's augreg2).
-    info = weights.identify(cfg.model.checkpoint, weights.local_path(cfg.model.checkpoint))
+    # The loaded file: format, sha256 and which weights (model.weights, or the paper's or
+    # timm's augreg2 read from the name).
+    checkpoint = weights.checkpoint_of(cfg.model)
+    info = weights.identify(checkpoint, weights.local_path(checkpoint), cfg.model.get("weights"))
     if run.is_main:
         print(weights.describe(info), flush=True)
     return dataclasses.replace(run, backbone_source={**info, "shipped": False})

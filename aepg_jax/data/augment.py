@@ -26,7 +26,12 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-NORMALIZE_MODES = ("minus_one_one", "none")
+NORMALIZE_MODES = ("minus_one_one", "none", "imagenet", "clip")
+# (mean, std) per RGB channel of the modes that standardise.
+MEAN_STD = {
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
+}
 _ATTEMPTS = 10  # torchvision RandomResizedCrop.get_params tries 10 boxes before its fallback.
 
 
@@ -34,13 +39,18 @@ def normalize(images: Array, mode: str = "minus_one_one") -> Array:
     """Float pixels in [0, 255] -> float32 model input.
 
     `'minus_one_one'`: `(x / 255 - 0.5) / 0.5` in [-1, 1] (the augreg ViT weights' input);
-    `'none'`: `x / 255` in [0, 1] (what the LAE codebase fed, `ToTensor()` only).
+    `'none'`: `x / 255` in [0, 1] (what the LAE codebase fed, `ToTensor()` only);
+    `'imagenet'` / `'clip'`: `(x / 255 - mean) / std` per channel with ImageNet's or CLIP's
+    mean and std (`MEAN_STD`; DINO, DINOv2 and CLIP weights' input).
     """
     if mode not in NORMALIZE_MODES:
         raise ValueError(
             f"Unknown normalize mode {mode!r}. Valid modes: {', '.join(NORMALIZE_MODES)}."
         )
     x = jnp.asarray(images).astype(jnp.float32) / 255.0
+    if mode in MEAN_STD:
+        mean, std = (jnp.asarray(v, jnp.float32) for v in MEAN_STD[mode])
+        return (jnp.clip(x, 0.0, 1.0) - mean) / std
     if mode == "minus_one_one":
         x = (x - 0.5) / 0.5
     # Clip the float rounding (XLA turns `/ 255` into `* (1 / 255)`: 255 -> 1.0000001).

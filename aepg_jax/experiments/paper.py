@@ -391,6 +391,46 @@ DEMO = Experiment(
     ],
 )
 
+# Backbones as an axis (not in the paper): ImageNet-R, 10 tasks, LoRA and LAE, CE and aEPG on
+# five published ViT-B backbones (aepg_jax/checkpoints/catalog.py, docs/data.md), 3 seeds.
+BACKBONE_WEIGHTS = (
+    ("vit_base_patch16_224.augreg_in21k", "IN-21K"),
+    ("vit_base_patch16_224.augreg_in21k_ft_in1k", "IN-21K-ft-IN-1K"),
+    ("vit_base_patch16_224.dino", "DINO"),
+    ("vit_base_patch14_dinov2.lvd142m", "DINOv2"),
+    ("vit_base_patch16_clip_224.openai", "CLIP"),
+)
+BACKBONES = Experiment(
+    "backbones",
+    "Backbones: ImageNet-R 10 tasks, LoRA and LAE, CE vs aEPG, on five published ViT-B weights",
+    [
+        Grid(
+            IMR,
+            "tasks=10,weights="
+            + "/".join(w for w, _ in BACKBONE_WEIGHTS)
+            + f",peft=lora,method=plain/lae,loss=ce/aepg,{SEEDS3}",
+            "Backbones (ours, no published numbers)",
+            readme=False,
+        )
+    ],
+    [
+        Table(
+            f"Backbones: Split-ImageNet-R, 10 tasks, A_10 per weights (3 seeds; no published "
+            f"numbers){'' if m == 'A_T' else ', average incremental accuracy'}",
+            columns=[
+                Column(label, {"config": "imagenet_r", "weights": w}, m)
+                for w, label in BACKBONE_WEIGHTS
+            ],
+            rows=[
+                Row(f"{name}{' + aEPG' if loss == 'aepg' else ''}", _m(method, loss))
+                for method, name in (("plain", "LoRA"), ("lae", "LAE"))
+                for loss in ("ce", "aepg")
+            ],
+        )
+        for m in ("A_T", "avg_inc_acc")
+    ],
+)
+
 # Every paper run at once (each workdir once: identical configs are shared).
 PAPER = Experiment("paper", "Every table and figure of the paper", parts=EXPERIMENTS)
-EXPERIMENTS = (*EXPERIMENTS, PAPER, DEMO)
+EXPERIMENTS = (*EXPERIMENTS, PAPER, DEMO, BACKBONES)

@@ -8,6 +8,15 @@ classifier `head/task_j`. PEFT modules add `.../lora`, `.../adapter` or `.../pre
 (see `peft.py`). Numerics follow timm's `VisionTransformer` (the paper's reference): pre-norm
 blocks, LayerNorm eps 1e-6, exact (erf) GELU, no dropout.
 
+Families (`model.family`, `FAMILIES`), each timm's layout of its published weights:
+
+    vit     the above (augreg / timm standard ViT: IN-21K, IN-21K-ft-IN-1K, DINO)
+    dinov2  the above plus layer scale: `x + g1 * Attn(LN x)`, `x + g2 * MLP(LN x)`, with
+            `encoderblock_i/LayerScale_{0,1}/scale` (D,) (timm's `ls1.gamma`, `ls2.gamma`)
+    clip    a LayerNorm after the position embedding, before the blocks
+            (`Transformer/pre_norm`, timm's `norm_pre`), no patch-embedding bias, QuickGELU
+            `x * sigmoid(1.702 x)`, every LayerNorm eps 1e-5
+
     logits, out = model.apply({"params": params}, images)   # images (B, S, S, C), normalised
     out["features"]   # final-norm cls token (B, D)
     out["tokens"]     # final-norm token sequence (B, 1 + N, D), with return_tokens=True
@@ -35,6 +44,37 @@ from aepg_jax.models import peft as peft_lib
 
 LN_EPS = 1e-6
 
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What a model family changes in the ViT (docstring above)."""
+
+    ln_eps: float = LN_EPS
+    activation: str = "gelu"  # gelu (exact erf) | quick_gelu
+    patch_bias: bool = True
+    pre_norm: bool = False
+    layer_scale: bool = False
+
+
+FAMILIES: dict[str, Family] = {
+    "vit": Family(),
+    "dinov2": Family(layer_scale=True),
+    "clip": Family(ln_eps=1e-5, activation="quick_gelu", patch_bias=False, pre_norm=True),
+}
+
+
+def family_of(name: str) -> Family:
+    """The `Family` of `model.family`; an unknown name is refused naming the valid ones."""
+    if name not in FAMILIES:
+        raise ValueError(f"model.family={name!r} is unknown; valid: {', '.join(FAMILIES)}.")
+    return FAMILIES[name]
+
+
+def quick_gelu(x: jax.Array) -> jax.Array:
+    """CLIP's activation `x * sigmoid(1.702 x)`."""
+    return x * jax.nn.sigmoid(1.702 * x)
+
+
 # {block index: (key prefix, value prefix)}, each (B, L_p, D).
 Prefixes = dict[int, tuple[jax.Array, jax.Array]]
 
@@ -57,13 +97,15 @@ PRESETS: dict[str, dict[str, int]] = {
 
 # The architecture fields of a model config (a preset's fields and the input channels).
 ARCH_FIELDS: tuple[str, ...] = (*PRESETS["vit_b16"], "num_channels")
+DEFAULT_FAMILY = "vit"
 
 
 def model_config(preset: str = "vit_b16", **overrides: Any) -> ml_collections.ConfigDict:
     """The model config of a preset, with top-level fields (or `peft={...}`) overridden.
 
     Fields: patch_size, hidden_size, depth, num_heads, mlp_dim, image_size, num_channels (3),
-    dtype (compute dtype: float32 | bfloat16; parameters, head and logits stay float32), and
+    family (vit | dinov2 | clip, `FAMILIES`), dtype (compute dtype: float32 | bfloat16;
+    parameters, head and logits stay float32), and
     `peft` {kind (none|lora|adapter|prefix), blocks, lora_rank, adapter_dim,
     prefix_length}, defaults from the paper's Table 5 (blocks 0-4, cut at the depth).
     """
@@ -71,7 +113,13 @@ def model_config(preset: str = "vit_b16", **overrides: Any) -> ml_collections.Co
         raise ValueError(f"Unknown model preset {preset!r}; valid: {', '.join(PRESETS)}.")
     peft = dataclasses.asdict(peft_lib.PeftConfig())
     cfg = ml_collections.ConfigDict(
-        {**PRESETS[preset], "num_channels": 3, "dtype": "float32", "peft": peft}
+        {
+            **PRESETS[preset],
+            "num_channels": 3,
+            "family": DEFAULT_FAMILY,
+            "dtype": "float32",
+            "peft": peft,
+        }
     )
     for key, value in overrides.items():
         if key not in cfg:
@@ -94,6 +142,7 @@ class MlpBlock(nn.Module):
 
     mlp_dim: int
     dtype: Any = jnp.float32  # compute dtype; parameters stay float32
+    activation: str = "gelu"  # gelu (exact erf) | quick_gelu
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -105,7 +154,10 @@ class MlpBlock(nn.Module):
             bias_init=nn.initializers.normal(stddev=1e-6),
         )
         x = dense(self.mlp_dim)(x)
-        x = nn.gelu(x, approximate=False)
+        if self.activation == "quick_gelu":
+            x = quick_gelu(x)
+        else:
+            x = nn.gelu(x, approximate=False)
         return dense(width)(x)
 
 
@@ -164,52 +216,82 @@ class MultiHeadDotProductAttention(nn.Module):
         )(attended)
 
 
+class LayerScale(nn.Module):
+    """DINOv2's per-channel scale `g * x`, `scale` (D,)."""
+
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param("scale", nn.initializers.constant(1e-5), (x.shape[-1],))
+        return x * scale.astype(self.dtype)
+
+
 class Encoder1DBlock(nn.Module):
-    """Pre-norm block `x + Attn(LN x) [+ adapter(LN x)]`, then `x + MLP(LN x)`."""
+    """Pre-norm block `x + Attn(LN x) [+ adapter(LN x)]`, then `x + MLP(LN x)`; with the
+    dinov2 family `Attn` and `MLP` are scaled by their layer scales (the adapter is not)."""
 
     num_heads: int
     mlp_dim: int
     block_index: int
     peft: peft_lib.PeftConfig
     dtype: Any = jnp.float32
+    family: Family = Family()
 
     @nn.compact
     def __call__(
         self, x: jax.Array, prefix: tuple[jax.Array, jax.Array] | None = None
     ) -> jax.Array:
         on = lambda kind: self.peft.on_block(kind, self.block_index)
-        y = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype)(x)
+        eps = self.family.ln_eps
+        y = nn.LayerNorm(epsilon=eps, dtype=self.dtype)(x)
         attn = MultiHeadDotProductAttention(
             self.num_heads,
             lora_rank=self.peft.lora_rank if on("lora") else None,
             prefix_length=self.peft.prefix_length if on("prefix") else None,
             dtype=self.dtype,
         )(y, prefix)
+        if self.family.layer_scale:
+            attn = LayerScale(self.dtype, name="LayerScale_0")(attn)
         if on("adapter"):
             attn = attn + peft_lib.Adapter(self.peft.adapter_dim, self.dtype, name="adapter")(y)
         x = x + attn
-        y = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype)(x)
-        return x + MlpBlock(self.mlp_dim, self.dtype)(y)
+        y = nn.LayerNorm(epsilon=eps, dtype=self.dtype)(x)
+        mlp = MlpBlock(self.mlp_dim, self.dtype, self.family.activation)(y)
+        if self.family.layer_scale:
+            mlp = LayerScale(self.dtype, name="LayerScale_1")(mlp)
+        return x + mlp
 
 
 class Encoder(nn.Module):
-    """Learned position embedding, `depth` blocks, final LayerNorm."""
+    """Learned position embedding, [the clip family's pre-norm,] `depth` blocks, final
+    LayerNorm."""
 
     depth: int
     num_heads: int
     mlp_dim: int
     peft: peft_lib.PeftConfig
     dtype: Any = jnp.float32
+    family: Family = Family()
 
     @nn.compact
     def __call__(self, x: jax.Array, prefixes: Prefixes | None = None) -> jax.Array:
+        eps = self.family.ln_eps
         x = AddPositionEmbs(name="posembed_input")(x)
+        if self.family.pre_norm:
+            x = nn.LayerNorm(epsilon=eps, dtype=self.dtype, name="pre_norm")(x)
         prefixes = prefixes or {}
         for i in range(self.depth):
             x = Encoder1DBlock(
-                self.num_heads, self.mlp_dim, i, self.peft, self.dtype, name=f"encoderblock_{i}"
+                self.num_heads,
+                self.mlp_dim,
+                i,
+                self.peft,
+                self.dtype,
+                self.family,
+                name=f"encoderblock_{i}",
             )(x, prefixes.get(i))
-        return nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, name="encoder_norm")(x)
+        return nn.LayerNorm(epsilon=eps, dtype=self.dtype, name="encoder_norm")(x)
 
 
 class AddPositionEmbs(nn.Module):
@@ -232,6 +314,7 @@ class VisionTransformer(nn.Module):
     head_sizes: tuple[int, ...] = ()
     peft: peft_lib.PeftConfig = peft_lib.PeftConfig()
     dtype: Any = jnp.float32  # compute dtype (bfloat16 option); params, head, logits: float32
+    family: Family = Family()
 
     @nn.compact
     def __call__(
@@ -254,6 +337,7 @@ class VisionTransformer(nn.Module):
             (p, p),
             strides=(p, p),
             padding="VALID",
+            use_bias=self.family.patch_bias,
             dtype=self.dtype,
             name="embedding",
         )(images)
@@ -262,7 +346,13 @@ class VisionTransformer(nn.Module):
         cls = self.param("cls", nn.initializers.zeros, (1, 1, width))
         x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, width)), x], 1)
         x = Encoder(
-            self.depth, self.num_heads, self.mlp_dim, self.peft, self.dtype, name="Transformer"
+            self.depth,
+            self.num_heads,
+            self.mlp_dim,
+            self.peft,
+            self.dtype,
+            self.family,
+            name="Transformer",
         )(x, prefixes)
         x = x.astype(jnp.float32)
         features = x[:, 0]
@@ -329,6 +419,7 @@ def build(cfg: ml_collections.ConfigDict, head_sizes: tuple[int, ...] = ()) -> V
         head_sizes=tuple(int(n) for n in head_sizes),
         peft=peft_from_config(cfg.peft),
         dtype=compute_dtype(cfg.get("dtype", "float32")),
+        family=family_of(cfg.get("family", DEFAULT_FAMILY)),
     )
 
 
