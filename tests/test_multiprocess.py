@@ -96,12 +96,30 @@ def test_launcher_environment_and_statuses(capsys):
     assert env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] == "gloo"
     assert "AEPG_PROCESS_ID" not in launch.process_env({}, 1, 0, 1234, 2)  # one process: plain
     assert launch.exit_status(-signal.SIGKILL) == 137 and launch.exit_status(2) == 2
-    assert launch.describe(1, 2, -9) == "process 1 of 2 was killed by SIGKILL"
+    oom = (
+        "process 1 of 2 was killed by SIGKILL: most likely out of memory (the kernel's OOM killer)"
+    )
+    assert launch.describe(1, 2, -9) == oom
+    assert launch.describe(1, 2, -9, 3 * 2**30) == f"{oom}, its peak RSS 3.0 GiB"
+    assert launch.describe(0, 2, -15) == "process 0 of 2 was killed by SIGTERM"
     args, rest = launch.parse(["--num_processes=3", "--", "--config=c.py", "--workdir=w"])
     assert args.num_processes == 3 and rest == ["--config=c.py", "--workdir=w"]
     with pytest.raises(SystemExit, match="2"):
         launch.parse(["--num_processes=3", "--config=c.py"])
     assert "after --" in capsys.readouterr().err
+
+
+def test_a_killed_process_is_reported_with_its_peak_rss():
+    """A child that allocates ~200 MiB, then dies by SIGKILL: the launcher's poll reaps it with
+    its resource usage."""
+    grow = "import os, signal; b = bytearray(200 * 2**20); os.kill(os.getpid(), signal.SIGKILL)"
+    p = subprocess.Popen([sys.executable, "-c", grow])
+    deadline = time.monotonic() + 60
+    code, peak = launch.poll(p)
+    while code is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        code, peak = launch.poll(p)
+    assert code == -signal.SIGKILL and peak is not None and 200 * 2**20 < peak < 2**31
 
 
 def test_first_failure_stops_the_other_processes(capfd):

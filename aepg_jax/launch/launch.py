@@ -95,12 +95,35 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def describe(process_id: int, num_processes: int, returncode: int) -> str:
+def describe(
+    process_id: int, num_processes: int, returncode: int, peak_rss: int | None = None
+) -> str:
+    """How process `process_id` ended; a SIGKILL nobody here sent is most likely the kernel's
+    OOM killer, said with the process's peak RSS (bytes) when known."""
     if returncode < 0:
         how = f"was killed by {signal.Signals(-returncode).name}"
+        if -returncode == signal.SIGKILL:
+            how += ": most likely out of memory (the kernel's OOM killer)"
+            if peak_rss:
+                how += f", its peak RSS {peak_rss / 2**30:.1f} GiB"
     else:
         how = f"exited with status {returncode}"
     return f"process {process_id} of {num_processes} {how}"
+
+
+def poll(p: subprocess.Popen) -> tuple[int | None, int | None]:
+    """`(returncode or None, peak RSS in bytes)` of `p` without blocking: `os.wait4` reaps it
+    with its resource usage (`Popen.poll` would drop that)."""
+    if p.returncode is not None:
+        return p.returncode, None
+    try:
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+    except ChildProcessError:
+        return p.poll(), None
+    if pid == 0:
+        return None, None
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, usage.ru_maxrss * 1024  # Linux reports KiB
 
 
 def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
@@ -134,9 +157,15 @@ def supervise(
     A process that exits with status 2 printed a user error (`aepg_jax.system.cli`); the others get
     `grace_s` to stop by themselves, as they do on a config error (printed by process 0 only).
     If they all did and their output is `shown` here (no log_dir), that line is the only one."""
+    peaks: dict[int, int] = {}
     try:
         while True:
-            codes = [p.poll() for p in procs]
+            codes = []
+            for i, p in enumerate(procs):
+                code, peak = poll(p)
+                codes.append(code)
+                if peak:
+                    peaks[i] = peak
             failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 i, code = failed[0]
@@ -146,7 +175,8 @@ def supervise(
                         return EXIT_USER_ERROR
                 stop(procs, grace_s)
                 print(
-                    f"error: {describe(i, len(procs), code)}; stopped the other processes.",
+                    f"error: {describe(i, len(procs), code, peaks.get(i))}; stopped the other "
+                    "processes.",
                     file=sys.stderr,
                     flush=True,
                 )
