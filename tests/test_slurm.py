@@ -210,6 +210,23 @@ def test_the_batch_shell_forwards_the_signal_and_requeues_after_usr1(
         assert f"worker: signal {int(sig)}" in out
 
 
+def test_the_batch_shell_says_a_killed_worker_most_likely_ran_out_of_memory(
+    tmp_path, capsys, cpu_only
+):
+    killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    (tmp_path / "job.sh").write_text(_with_worker(_script(tmp_path, capsys), killed))
+    env = {**os.environ, "SLURM_JOB_ID": "127"}
+    proc = subprocess.run(
+        ["bash", str(tmp_path / "job.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 137
+    assert proc.stderr.strip().splitlines() == [
+        "error: the worker was killed by SIGKILL: most likely out of memory (the kernel's OOM "
+        "killer; sacct -j 127 -o MaxRSS shows its peak); resubmit to resume from the last "
+        "checkpoint"
+    ]
+
+
 # ---------------------------------------------------------------- slow: a real SLURM
 
 SHORT = [
