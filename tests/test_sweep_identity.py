@@ -103,7 +103,10 @@ def test_a_folder_holding_another_config_stops_the_sweep_or_is_set_aside(fake, c
     kept = list(run.parent.glob("loss=ce,seed=0.replaced-*"))
     assert len(kept) == 1 and json.loads((kept[0] / "config.json").read_text()) == saved
     assert "kept the run of another config as " in capsys.readouterr().out
-    assert tables.main([str(root), f"--experiment={path}", "--no_plots"]) == 0
+    # No result of another config is left; the cell's other seed has not run (exit 1).
+    assert tables.main([str(root), f"--experiment={path}", "--no_plots"]) == 1
+    err_text = capsys.readouterr().err
+    assert "another config" not in err_text and "have no results" in err_text
 
 
 def test_where_names_the_values_that_exist(fake, capsys):

@@ -181,22 +181,30 @@ def metric(results: dict, name: str) -> float | None:
 
 
 def read_json(path: pathlib.Path) -> dict | None:
+    """The JSON object in `path`; None when it is missing, unreadable or not an object."""
     try:
         with open(path) as f:
-            return json.load(f)
+            data = json.load(f)
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
+
+
+def result_paths(root: str | os.PathLike, run: Run) -> list[pathlib.Path]:
+    """Every file that may hold `run`'s results: its own workdir's results.json, and its
+    seed's in each vmapped program of its cell."""
+    root = pathlib.Path(root)
+    own = [root / run.name / RESULTS_FILE]
+    if run.seed is None:
+        return own
+    return own + [p / f"seed_{run.seed}" / RESULTS_FILE for p in _programs(root, run)]
 
 
 def run_results(root: str | os.PathLike, run: Run) -> dict | None:
     """The results.json of `run` in the sweep directory `root`: its own workdir's, else that of
     its seed in a vmapped program of its cell; None while it is not finished."""
-    root = pathlib.Path(root)
-    found = read_json(root / run.name / RESULTS_FILE)
-    if found is not None or run.seed is None:
-        return found
-    for program in _programs(root, run):
-        found = read_json(program / f"seed_{run.seed}" / RESULTS_FILE)
+    for path in result_paths(root, run):
+        found = read_json(path)
         if found is not None:
             return found
     return None

@@ -11,8 +11,9 @@ get their plots, written to `DIR/plots/`. A run whose results file cannot be
 read (truncated, say) or holds a non-finite metric is named in one `warning:` line and counted
 as failed in its cell; a run whose results were made with another config than the experiment's
 (its saved config differs in a field that changes results; where the data is does not) is
-named with those fields and left out of its cell (`k/n done, m of another config`); the command
-then exits with status 1.
+named with those fields and left out of its cell (`k/n done, m of another config`); a run with
+no results yet is named in its cell's `warning:` line. With any of these the command exits with
+status 1 (the tables are printed all the same).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import io
 import json
 import math
 import os
-import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -83,8 +83,8 @@ def damage(root: str, run, results: dict | None, name: str) -> str | None:
     """Why `run`'s results are unusable for metric `name` (None when they are fine or the run
     is not finished): a results file that exists but cannot be read, or a non-finite value."""
     if results is None:
-        path = pathlib.Path(root) / run.name / layout.RESULTS_FILE
-        return f"{path} cannot be read" if path.exists() else None
+        unreadable = [p for p in layout.result_paths(root, run) if p.exists()]
+        return f"{unreadable[0]} cannot be read as a results object" if unreadable else None
     value = results.get(name)
     finite = isinstance(value, int | float) and math.isfinite(value)
     if name in results and not finite:  # NaN / inf are written as null (runs/records.py)
@@ -100,6 +100,7 @@ def cell(
     where = {**row.where, **col.where}
     runs = experiment.select(where)
     values, failed, other = [], 0, 0
+    missing = []
     for run in runs:
         results = layout.run_results(root, run)
         changed = other_config(run, results)
@@ -122,6 +123,13 @@ def cell(
                 warnings.add(f"{problem}; counted as failed")
         elif results is None and layout.run_error(root, run) is not None:
             failed += 1
+        elif results is None:
+            missing.append(run.name)
+    if missing and warnings is not None:
+        warnings.add(
+            f"{len(missing)} of the runs of cell ({row.label}, {col.label}) have no results "
+            f"(not run yet, or running): {', '.join(missing)}"
+        )
     return Cell(tuple(values), len(runs), failed, table.published(row, col), other)
 
 
