@@ -119,8 +119,8 @@ def check_or_save_config(cfg, workdir: str) -> None:
             tag = command_line.FLAT_NAMES_VERSION
             raise ValueError(
                 f"{workdir} holds a run of aepg_jax <= {tag} (its config.json has no "
-                f"{' or '.join(lacks)}); resume it with that version (git checkout {tag}) or "
-                "use a new --workdir."
+                f"{' or '.join(lacks)}); resume it with that version (git checkout {tag}, or "
+                f"commit {command_line.FLAT_NAMES_COMMIT}) or use a new --workdir."
             )
         if saved == current:
             return

@@ -200,7 +200,8 @@ def test_a_file_of_the_flat_layout_is_refused_in_one_line(tmp_path, monkeypatch,
     assert line == (
         f"configs/old.py imports aepg_jax.{name}, a module name of aepg_jax <= "
         f"v0.1.0-flat-names; use {command_line.OLD_NAMES[name]} (the module that holds it now, "
-        "docs/architecture.md) or check out that tag (git checkout v0.1.0-flat-names)."
+        "docs/architecture.md) or check out that version (git checkout v0.1.0-flat-names, or "
+        "commit 67ddf42)."
     )
     # An error that is no old name is left to the other descriptions.
     assert command_line.old_name_refusal(ImportError("No module named 'torch'"), "x.py") is None
@@ -226,7 +227,8 @@ def test_main_and_sweep_refuse_a_file_of_the_flat_layout(tmp_path):
     assert out.stderr.strip().splitlines() == [
         f"error: {old} imports aepg_jax.config_lib, a module name of aepg_jax <= "
         "v0.1.0-flat-names; use aepg_jax.config.schema (the module that holds it now, "
-        "docs/architecture.md) or check out that tag (git checkout v0.1.0-flat-names)."
+        "docs/architecture.md) or check out that version (git checkout v0.1.0-flat-names, or "
+        "commit 67ddf42)."
     ]
     from aepg_jax.experiments import registry
 

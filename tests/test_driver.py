@@ -132,8 +132,8 @@ def test_a_workdir_saved_before_the_trainer_field_is_refused(tmp_path):
         main.check_or_save_config(cfg, str(run))
     assert str(err.value) == (
         f"{run} holds a run of aepg_jax <= v0.1.0-flat-names (its config.json has no trainer or "
-        "tensorboard); resume it with that version (git checkout v0.1.0-flat-names) or use a "
-        "new --workdir."
+        "tensorboard); resume it with that version (git checkout v0.1.0-flat-names, or commit "
+        "67ddf42) or use a new --workdir."
     )
     os.rmdir(run / "checkpoints" / "8")
     main.check_or_save_config(cfg, str(run))

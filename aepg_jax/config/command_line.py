@@ -30,6 +30,7 @@ REQUIRED = {
 # The last version of aepg_jax whose config and experiment files import the flat layout's
 # module names (`from aepg_jax import config_lib`): a git tag of this repository.
 FLAT_NAMES_VERSION = "v0.1.0-flat-names"
+FLAT_NAMES_COMMIT = "67ddf42"  # the commit the tag names
 # Each old flat module name -> the module that holds it now (for the refusal's hint only).
 OLD_NAMES = {
     "config_lib": "aepg_jax.config.schema",
@@ -92,7 +93,7 @@ def old_name_refusal(err: BaseException, path: str) -> str | None:
     return (
         f"{path} imports aepg_jax.{name}, a module name of aepg_jax <= {FLAT_NAMES_VERSION}; "
         f"use {OLD_NAMES[name]} (the module that holds it now, docs/architecture.md) or check "
-        f"out that tag (git checkout {FLAT_NAMES_VERSION})."
+        f"out that version (git checkout {FLAT_NAMES_VERSION}, or commit {FLAT_NAMES_COMMIT})."
     )
 
 
