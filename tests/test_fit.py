@@ -128,3 +128,45 @@ def test_a_cache_the_disk_cannot_hold_is_refused_before_a_byte(tmp_path, monkeyp
     with pytest.raises(cache.CacheTooLarge, match=r"needs 0\.2 GiB in .*, 0\.0 GiB are free"):
         cache.load_or_build(Source(), str(tmp_path / "c"), "toy", "train", 256)
     assert not (tmp_path / "c").exists()
+
+
+def test_the_memory_left_sees_a_real_cgroup_limit(tmp_path):
+    """A child process in a memory cgroup of 1 GiB that this test creates (v1 or v2, as root)
+    sees at most 1 GiB left; skipped with the reason where no cgroup can be made."""
+    import pytest
+
+    name = f"aepg-fit-test-{os.getpid()}"
+    for base, limit_file in (
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes"),
+        ("/sys/fs/cgroup", "memory.max"),
+    ):
+        group = pathlib.Path(base) / name
+        try:
+            group.mkdir()
+            (group / limit_file).write_text(str(2**30))
+        except OSError:
+            if group.exists():
+                group.rmdir()
+            continue
+        break
+    else:
+        pytest.skip("no memory cgroup can be created here (needs root and a cgroup fs)")
+    code = "from aepg_jax.continual import fit; print(fit.host_available())"
+    try:
+        proc = subprocess.run(
+            [
+                "sh",
+                "-c",
+                f'echo $$ > {group / "cgroup.procs"} && exec "$0" -c "$1"',
+                sys.executable,
+                code,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=pathlib.Path(__file__).resolve().parents[1],
+        )
+    finally:
+        group.rmdir()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 0 < int(proc.stdout.strip()) <= 2**30
