@@ -96,7 +96,7 @@ def test_a_mistyped_image_size_stops_in_seconds_before_any_cache(tmp_path):
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        env={**os.environ, "AEPG_FIT_CHECK": "1", "JAX_PLATFORMS": "cpu"},
         cwd=pathlib.Path(__file__).resolve().parents[1],
         timeout=300,
     )

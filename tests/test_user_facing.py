@@ -155,8 +155,10 @@ def test_a_corrected_config_is_accepted_until_the_first_checkpoint(tmp_path):
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["data"]["data_dir"] is None
     os.makedirs(tmp_path / "run" / "checkpoints" / "10")  # now the run has a checkpoint
-    cfg.data.data_dir = "/elsewhere"
-    with pytest.raises(ValueError, match="holds a run with another config"):
+    cfg.data.data_dir = "/elsewhere"  # where the data is does not change the run's result
+    main.check_or_save_config(cfg, workdir)
+    cfg.optim.epochs += 1  # this does
+    with pytest.raises(ValueError, match=r"holds a run with another config \(differs in: optim"):
         main.check_or_save_config(cfg, workdir)
 
 
