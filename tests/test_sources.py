@@ -193,3 +193,17 @@ def test_the_registry_answers_what_code_outside_data_asks():
     assert classes == 10
     assert datasets.shipped_labels(block(source="tfds", name="cifar10")) is None
     assert [s for s in datasets.SOURCES if datasets.takes_split_file(block(source=s))] == ["folder"]
+
+
+def test_domains_pass_through_subsets_and_are_checked():
+    from aepg_jax.data.source import ArraySource, Dataset, SubsetSource, domains_of
+
+    images = np.zeros((4, 2, 2), np.uint8)
+    both = ArraySource(images, [0, 1, 0, 1], domains=[0, 0, 1, 1])
+    ds = Dataset("x", both, SubsetSource(both, [1, 2]), ("a", "b"), ("d0", "d1"))
+    np.testing.assert_array_equal(domains_of(ds.test), [0, 1])
+    assert domains_of(ArraySource(images, [0, 1, 0, 1])) is None
+    with pytest.raises(ValueError, match="no domain id per example"):
+        Dataset("x", ArraySource(images, [0, 1, 0, 1]), both, ("a", "b"), ("d0", "d1"))
+    with pytest.raises(ValueError, match="domain ids span"):
+        Dataset("x", both, both, ("a", "b"), ("d0",))

@@ -5,6 +5,10 @@ where `train` and `test` are `Source`s. Labels are integers in `[0, len(class_na
 are uint8 arrays of shape (H, W, C) whose size may vary from one example to the next (the
 decode-once cache brings them to a common storage resolution). Grayscale sources return C = 3
 (the channel replicated) so every model sees RGB.
+
+A dataset whose examples come from several domains (DomainNet's clipart, painting, ...) names
+them in `Dataset.domain_names`, and each of its splits also has `domains`: int64 (N,), the
+domain id of every example in index order, read without decoding an image (`domains_of`).
 """
 
 from __future__ import annotations
@@ -40,15 +44,36 @@ class Dataset:
     train: Source
     test: Source
     class_names: tuple[str, ...]
+    domain_names: tuple[str, ...] = ()  # empty: one domain, the splits have no `domains`
 
     def __post_init__(self):
         for split in ("train", "test"):
-            labels = getattr(self, split).labels
+            source = getattr(self, split)
+            labels = source.labels
             if len(labels) and (labels.min() < 0 or labels.max() >= len(self.class_names)):
                 raise ValueError(
                     f"{self.name} {split}: labels span [{labels.min()}, {labels.max()}] but "
                     f"there are {len(self.class_names)} classes."
                 )
+            if not self.domain_names:
+                continue
+            domains = domains_of(source)
+            if domains is None or len(domains) != len(labels):
+                raise ValueError(
+                    f"{self.name} {split}: {len(self.domain_names)} domains are named but the "
+                    "split has no domain id per example."
+                )
+            if len(domains) and (domains.min() < 0 or domains.max() >= len(self.domain_names)):
+                raise ValueError(
+                    f"{self.name} {split}: domain ids span [{domains.min()}, {domains.max()}] "
+                    f"but there are {len(self.domain_names)} domains."
+                )
+
+
+def domains_of(source: Source) -> np.ndarray | None:
+    """int64 (N,) domain id of every example of `source`, or None for a one-domain source."""
+    domains = getattr(source, "domains", None)
+    return None if domains is None else np.asarray(domains, np.int64)
 
 
 def to_rgb(image: np.ndarray) -> np.ndarray:
@@ -67,15 +92,21 @@ def to_rgb(image: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class ArraySource:
-    """A split held in memory: `images` (N, H, W[, C]) uint8 and `labels` (N,)."""
+    """A split held in memory: `images` (N, H, W[, C]) uint8, `labels` (N,) and, for a
+    multi-domain dataset, `domains` (N,)."""
 
     images: np.ndarray
     labels: np.ndarray
+    domains: np.ndarray | None = None
 
     def __post_init__(self):
         if len(self.images) != len(self.labels):
             raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels.")
         object.__setattr__(self, "labels", np.asarray(self.labels, np.int64))
+        if self.domains is not None:
+            if len(self.domains) != len(self.labels):
+                raise ValueError(f"{len(self.domains)} domain ids but {len(self.labels)} labels.")
+            object.__setattr__(self, "domains", np.asarray(self.domains, np.int64))
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -94,6 +125,11 @@ class SubsetSource:
     @property
     def labels(self) -> np.ndarray:
         return np.asarray(self.base.labels)[np.asarray(self.indices, np.int64)]
+
+    @property
+    def domains(self) -> np.ndarray | None:
+        domains = domains_of(self.base)
+        return None if domains is None else domains[np.asarray(self.indices, np.int64)]
 
     def __len__(self) -> int:
         return len(self.indices)
