@@ -25,7 +25,14 @@ Fields (defaults in brackets):
   data.store_size [256]        cache resolution (side of the stored square images)
   data.verify_cache [False]    re-hash cached images on load
   data.num_tasks [5]           tasks the classes are cut into (np.array_split)
+  data.scenario [class]        class: class-incremental, each task new classes (docs/algorithm.md
+                               §4) | domain: domain-incremental, each task one domain of a
+                               multi-domain dataset, every task over all its classes, one head
   data.class_order_seed [None] None: identity class order; int: a permutation from this seed
+  data.class_order_rng [default]  the generator of that permutation: default
+                               (`np.random.default_rng(seed).permutation`) | numpy_legacy
+                               (`np.random.seed(seed); np.random.permutation`, PyCIL's and
+                               PILOT's: seed 1993 gives their class order)
   data.label_noise [0.0]       symmetric within-task label noise rate on training labels
   data.noise_seed [0]          seed of the label noise
   data.crop_scale [(0.05, 1.0)] / data.crop_ratio [(0.75, 1.333...)] / data.flip_prob [0.5]
@@ -137,7 +144,9 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         store_size=256,
         verify_cache=False,
         num_tasks=5,
+        scenario="class",
         class_order_seed=config_dict.placeholder(int),
+        class_order_rng="default",
         label_noise=0.0,
         noise_seed=0,
         crop_scale=(0.05, 1.0),

@@ -16,6 +16,8 @@ from aepg_jax.models import peft as peft_lib
 from aepg_jax.models import vit
 
 MODEL_INITS = ("random", "augreg", "pretrained")
+SCENARIOS = ("class", "domain")
+CLASS_ORDER_RNGS = ("default", "numpy_legacy")
 NORMALIZE = augment.NORMALIZE_MODES
 LR_SCHEDULES = ("constant", "cosine_epochs")
 
@@ -97,6 +99,17 @@ def data_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
         p,
     )
     check(0.0 <= d.label_noise < 1.0, f"data.label_noise={d.label_noise} must be in [0, 1).", p)
+    check(
+        d.scenario in SCENARIOS,
+        f"data.scenario={d.scenario!r} is unknown; use one of {', '.join(SCENARIOS)}.",
+        p,
+    )
+    check(
+        d.class_order_rng in CLASS_ORDER_RNGS,
+        f"data.class_order_rng={d.class_order_rng!r} is unknown; use one of "
+        f"{', '.join(CLASS_ORDER_RNGS)}.",
+        p,
+    )
     check(
         cfg.input.normalize in NORMALIZE,
         f"input.normalize={cfg.input.normalize!r}: use one of {NORMALIZE}.",

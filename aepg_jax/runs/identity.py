@@ -21,6 +21,9 @@ NOT_IDENTITY = frozenset({
     "checkpoint_every_minutes", "checkpoint_every_epochs", "tensorboard", "distributed",
 })  # fmt: skip
 
+# Fields added after runs were recorded: a recorded config without one ran with this value.
+ADDED_DEFAULTS = {"data.scenario": "class", "data.class_order_rng": "default"}
+
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
     """`{"a": {"b": 1}}` -> `{"a.b": 1}`."""
@@ -36,7 +39,7 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
 def differences(a: dict, b: dict) -> list[str]:
     """The fields (dotted) in which the configs `a` and `b` (JSON dicts) give different
     results: every field but `NOT_IDENTITY`'s, sorted."""
-    fa, fb = flatten(a), flatten(b)
+    fa, fb = ADDED_DEFAULTS | flatten(a), ADDED_DEFAULTS | flatten(b)
     return sorted(
         k for k in fa.keys() | fb.keys() if k not in NOT_IDENTITY and fa.get(k) != fb.get(k)
     )
