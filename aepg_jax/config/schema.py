@@ -14,7 +14,8 @@ Fields (defaults in brackets):
   num_seeds [1]                S > 1: train seeds seed, seed+1, ..., seed+S-1 as one compiled
                                program (jax.vmap over per-seed state and data order); results
                                per seed in <workdir>/seed_<s>/, mean +- std in results_seeds.json
-  data.source [digits]         digits | fashion_mnist | folder | tfds (see data/datasets.py)
+  data.source [digits]         digits | digits_domains | fashion_mnist | folder | tfds (see
+                               data/datasets.py)
   data.name [None]             TFDS name, or a label for a folder dataset's cache
   data.data_dir [None]         TFDS data dir, image-folder root, or Fashion-MNIST IDX dir
   data.split_seed [0]          stratified 80/20 train/test split of digits and plain folders
@@ -24,10 +25,13 @@ Fields (defaults in brackets):
   data.cache_dir [~/.cache/aepg_jax]  where decoded uint8 caches live
   data.store_size [256]        cache resolution (side of the stored square images)
   data.verify_cache [False]    re-hash cached images on load
-  data.num_tasks [5]           tasks the classes are cut into (np.array_split)
+  data.num_tasks [5]           tasks the classes are cut into (np.array_split); with
+                               data.scenario=domain, the dataset's number of domains
   data.scenario [class]        class: class-incremental, each task new classes (docs/algorithm.md
-                               §4) | domain: domain-incremental, each task one domain of a
-                               multi-domain dataset, every task over all its classes, one head
+                               §4) | domain: domain-incremental (§17), task t = domain t of a
+                               multi-domain dataset (e.g. data.source=digits_domains), every
+                               task over all its classes, one head; evaluation after task t
+                               over domains 0..t; InfLoRA is refused (one head per task)
   data.class_order_seed [None] None: identity class order; int: a permutation from this seed
   data.class_order_rng [default]  the generator of that permutation: default
                                (`np.random.default_rng(seed).permutation`) | numpy_legacy
@@ -258,8 +262,29 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
         raise ValueError(validation.joined(p))
 
 
-def validate_against_dataset(cfg: ml_collections.ConfigDict, num_classes: int) -> None:
-    """Checks that need the dataset: more tasks than classes is impossible."""
+def validate_against_dataset(
+    cfg: ml_collections.ConfigDict,
+    num_classes: int,
+    domain_names: tuple[str, ...] = (),
+    dataset: str = "the dataset",
+) -> None:
+    """Checks that need the dataset: more tasks than classes is impossible (class scenario);
+    the domain scenario needs a multi-domain dataset and one task per domain."""
+    d = cfg.data
+    if d.scenario == "domain":
+        if not domain_names:
+            raise ValueError(
+                f"Invalid config: data.scenario=domain needs a dataset with several domains; "
+                f"{dataset} has none (no domain id per example); use data.scenario=class or a "
+                "multi-domain source (e.g. data.source=digits_domains)."
+            )
+        if d.num_tasks != len(domain_names):
+            raise ValueError(
+                f"Invalid config: data.num_tasks={d.num_tasks} with data.scenario=domain, but "
+                f"{dataset} has {len(domain_names)} domains ({', '.join(domain_names)}), one "
+                f"task each; set data.num_tasks={len(domain_names)}."
+            )
+        return
     if cfg.data.num_tasks > num_classes:
         raise ValueError(
             f"Invalid config: data.num_tasks={cfg.data.num_tasks} exceeds the dataset's "

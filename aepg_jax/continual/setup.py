@@ -22,12 +22,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from aepg_jax import losses, methods
 from aepg_jax.checkpoints import augreg, weights
 from aepg_jax.config import schema
 from aepg_jax.continual import steps
-from aepg_jax.data import cache, datasets, loader, splits
+from aepg_jax.data import cache, datasets, loader, source, splits
 from aepg_jax.models import head, partition, pretrain, vit
 from aepg_jax.runs import checkpointing, seeds
 from aepg_jax.runs.seeds import SeedAxis
@@ -47,14 +48,14 @@ class RunData:
     class_names: tuple[str, ...]
     train: cache.CachedSplit
     test: cache.CachedSplit
-    tasks: splits.ClassIncremental
+    tasks: splits.TaskSplit
 
 
 def prepare_data(cfg: ml_collections.ConfigDict) -> RunData:
     """Loads the dataset, caches both splits at `data.store_size`, cuts it into tasks."""
     d = cfg.data
     ds = datasets.load_configured(d)
-    schema.validate_against_dataset(cfg, len(ds.class_names))
+    schema.validate_against_dataset(cfg, len(ds.class_names), ds.domain_names, ds.name)
     root = os.path.expanduser(d.cache_dir)
     name = datasets.run_name(d, ds)
     built = {
@@ -70,15 +71,12 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> RunData:
         )
         for split in ("train", "test")
     }
-    tasks = splits.make_class_incremental(
-        built["train"].labels,
-        built["test"].labels,
-        len(ds.class_names),
-        d.num_tasks,
-        class_order_seed=d.class_order_seed,
-        label_noise=d.label_noise,
-        noise_seed=d.noise_seed,
+    domains = (
+        (source.domains_of(ds.train), source.domains_of(ds.test), ds.domain_names)
+        if d.scenario == "domain"
+        else None
     )
+    tasks = task_split(d, built["train"].labels, built["test"].labels, len(ds.class_names), domains)
     _require_examples(ds.name, tasks, d.num_tasks)
     if d.label_noise:
         logging.info(
@@ -87,16 +85,43 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> RunData:
     return RunData(ds.name, ds.class_names, built["train"], built["test"], tasks)
 
 
-def _require_examples(name: str, tasks: splits.ClassIncremental, num_tasks: int) -> None:
+def task_split(
+    d: ml_collections.ConfigDict,
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_classes: int,
+    domains: tuple[np.ndarray, np.ndarray, tuple[str, ...]] | None = None,
+) -> splits.TaskSplit:
+    """The tasks of the `data` block `d` (`data.scenario`): classes cut into `data.num_tasks`
+    groups, or one task per domain, `domains` = (train ids, test ids, domain names)."""
+    kwargs = dict(
+        class_order_seed=d.class_order_seed, label_noise=d.label_noise, noise_seed=d.noise_seed
+    )
+    if d.scenario == "domain":
+        if domains is None:
+            raise ValueError("data.scenario=domain needs the dataset's domain ids.")
+        train_domains, test_domains, names = domains
+        return splits.make_domain_incremental(
+            train_labels, test_labels, train_domains, test_domains, num_classes, names, **kwargs
+        )
+    return splits.make_class_incremental(
+        train_labels, test_labels, num_classes, d.num_tasks, **kwargs
+    )
+
+
+def _require_examples(name: str, tasks: splits.TaskSplit, num_tasks: int) -> None:
     """Every task needs training and test examples: accuracy over an empty test set is undefined
     (and a task without training examples would train its head on nothing)."""
     for task in tasks.tasks:
+        if task.domain is None:
+            what, fix = f"original classes {task.original_classes.tolist()}", ", or use fewer tasks"
+        else:
+            what, fix = f"domain {task.domain!r}", ""
         for split, indices in (("train", task.train_indices), ("test", task.test_indices)):
             if not len(indices):
                 raise ValueError(
-                    f"data.num_tasks={num_tasks}: task {task.index + 1} of {name} (original "
-                    f"classes {task.original_classes.tolist()}) has no {split} examples; check "
-                    "the prepared data or the split, or use fewer tasks."
+                    f"data.num_tasks={num_tasks}: task {task.index + 1} of {name} ({what}) has "
+                    f"no {split} examples; check the prepared data or the split{fix}."
                 )
 
 
@@ -172,11 +197,12 @@ class Run:
 
     @property
     def head_sizes(self) -> tuple[int, ...]:
+        """The model's heads: one per task (class scenario) or one over every class (domain)."""
         return tuple(self.data.tasks.head_sizes)
 
     @property
     def num_tasks(self) -> int:
-        return len(self.head_sizes)
+        return self.data.tasks.num_tasks
 
     def frozen_of(self, seed_index: int) -> Params:
         """One seed's frozen backbone."""

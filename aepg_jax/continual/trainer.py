@@ -1,4 +1,4 @@
-"""The continual trainer: one class-incremental run from its config to its results, top to bottom.
+"""The continual trainer: one class- or domain-incremental run from its config to its results.
 
     run(cfg, workdir)
       build            the data cut into tasks, every seed's backbone and fresh PEFT, the
@@ -15,7 +15,7 @@
                        `log_every_steps`, checkpoints every `checkpoint_every_steps`, a stop at
                        the first non-finite loss
         end_task       the method's end hook (e.g. LAE's offline copy after task 0)
-        evaluate       every seen task's test set, task-agnostic (docs/algorithm.md §4)
+        evaluate       every seen task's test set, task-agnostic (docs/algorithm.md §4, §17)
         record         the eval records and A_t, then a checkpoint of phase `task_done`
       report           results.json and plots per seed, the seeds' summary, the terminal table
 
@@ -97,6 +97,7 @@ def task_spec(run: Run, t: int) -> methods.TaskSpec:
         num_classes=task.num_classes,
         freeze_steps=plan_task(run.cfg, task).freeze_steps,
         head_sizes=run.head_sizes,
+        scenario=run.data.tasks.scenario,
     )
 
 

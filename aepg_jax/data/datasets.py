@@ -3,13 +3,16 @@ and what the config checks, the caches, the trainers and the planner need to kno
 `load_dataset(source, name=..., data_dir=..., ...)` loads one.
 
 * `digits`: scikit-learn's 8x8 digits, offline (in its wheel); `name`, `data_dir` ignored.
+* `digits_domains`: the same digits in four domains (original, inverted, rotated, noisy),
+  offline: the multi-domain demo of the domain-incremental scenario (`data.scenario=domain`).
 * `fashion_mnist`: Debian's `dataset-fashion-mnist` IDX files; `data_dir` = another IDX dir.
 * `folder`: `data_dir/<class>/*.jpg` (CLRS25, raw ImageNet-R); `name` labels the caches;
   `split_file` (JSON train/test lists, e.g. ImageNet-R's from `aepg_jax.prepare`) fixes the split.
 * `tfds`: TFDS `array_record` data (`name` in imagenet_r, food101, caltech_birds2011, cifar10,
   cifar100, fashion_mnist); `data_dir` = the TFDS data dir (default: TFDS's own).
 
-`split_seed` draws the stratified 80/20 split of `digits` and of folders without
+`split_seed` draws the stratified 80/20 split of `digits`, of each domain of `digits_domains`
+and of folders without
 `train/`/`test/` sub-folders.
 
 How to add a source: write its loader (a module of `data/`), add a `SourceSpec` to `REGISTRY`
@@ -33,6 +36,10 @@ TRAINERS = ("continual", "scratch")
 
 def _digits(name, data_dir, split_seed, split_file) -> Dataset:
     return embedded.load_digits(split_seed)
+
+
+def _digits_domains(name, data_dir, split_seed, split_file) -> Dataset:
+    return embedded.load_digits_domains(split_seed)
 
 
 def _fashion_mnist(name, data_dir, split_seed, split_file) -> Dataset:
@@ -59,6 +66,18 @@ def _digits_labels(split_seed: int) -> tuple[np.ndarray, np.ndarray, int]:
     return np.asarray(ds.train.labels), np.asarray(ds.test.labels), len(ds.class_names)
 
 
+@functools.cache
+def _digits_domains_labels(split_seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+    ds = embedded.load_digits_domains(split_seed)
+    return np.asarray(ds.train.labels), np.asarray(ds.test.labels), len(ds.class_names)
+
+
+@functools.cache
+def _digits_domains_ids(split_seed: int) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    ds = embedded.load_digits_domains(split_seed)
+    return np.asarray(ds.train.domains), np.asarray(ds.test.domains), ds.domain_names
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:
     """One data source: how it loads and the facts about it that code outside `data/` needs."""
@@ -77,6 +96,9 @@ class SourceSpec:
     # (train labels, test labels, classes) read on the host without prepared data (a source
     # that ships with the package's dependencies), from `split_seed`; None: none ships
     shipped_labels: Callable[[int], tuple[np.ndarray, np.ndarray, int]] | None = None
+    # (train domain ids, test domain ids, domain names) of a shipped multi-domain source, from
+    # `split_seed`; None: none ships (or one domain)
+    shipped_domains: Callable[[int], tuple[np.ndarray, np.ndarray, tuple[str, ...]]] | None = None
     takes_split_file: bool = False  # whether `data.split_file` applies
     trainers: tuple[str, ...] = TRAINERS  # the trainers that read it
 
@@ -89,6 +111,14 @@ REGISTRY: dict[str, SourceSpec] = {
             _digits,
             run_name=lambda ds, d: f"digits-split{d.split_seed}",
             shipped_labels=_digits_labels,
+        ),
+        SourceSpec(
+            "digits_domains",
+            _digits_domains,
+            run_name=lambda ds, d: f"digits_domains-split{d.split_seed}",
+            shipped_labels=_digits_domains_labels,
+            shipped_domains=_digits_domains_ids,
+            trainers=("continual",),
         ),
         SourceSpec("fashion_mnist", _fashion_mnist),
         SourceSpec(
@@ -176,6 +206,16 @@ def shipped_labels(d) -> tuple[np.ndarray, np.ndarray, int] | None:
         return None
     train, test, classes = spec.shipped_labels(d.split_seed)
     return train.copy(), test.copy(), classes
+
+
+def shipped_domains(d) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]] | None:
+    """(train domain ids, test domain ids, domain names) of `d`'s dataset where its source
+    ships with the package's dependencies and has several domains; None for the others."""
+    spec = REGISTRY.get(d.source)
+    if spec is None or spec.shipped_domains is None:
+        return None
+    train, test, names = spec.shipped_domains(d.split_seed)
+    return train.copy(), test.copy(), names
 
 
 def takes_split_file(d) -> bool:

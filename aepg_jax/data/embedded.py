@@ -2,6 +2,13 @@
 
 * `digits`: the 1,797 8x8 handwritten digits shipped inside scikit-learn's wheel (values 0-16,
   scaled to uint8 0-255), 10 classes; split 80/20 stratified by class from `split_seed`.
+* `digits_domains`: the same digits as a multi-domain dataset (the domain-incremental demo).
+  Example k of each class (in scikit-learn's order) goes to domain k mod 4, so the domains are
+  disjoint and hold every class about equally; each domain is then a transform of its digits:
+  `original`, `inverted` (255 - x), `rotated` (90 degrees counter-clockwise) and `noisy`
+  (x + N(0, 48^2) per pixel from a fixed generator, clipped to [0, 255]). The domain
+  assignment and the noise are fixed; each domain is split 80/20 stratified by class from
+  `split_seed`.
 * `fashion_mnist`: the 60,000 + 10,000 28x28 images of Zalando's Fashion-MNIST, read from the
   IDX files of Debian's `dataset-fashion-mnist` package (`/usr/share/datasets/fashion-mnist/`)
   or another directory holding the same four `*-ubyte.gz` files; 10 classes, official split.
@@ -62,6 +69,54 @@ def load_digits(split_seed: int = 0, test_fraction: float = 0.2) -> Dataset:
         train=ArraySource(images[train], labels[train]),
         test=ArraySource(images[test], labels[test]),
         class_names=tuple(str(d) for d in range(10)),
+    )
+
+
+DIGIT_DOMAINS = ("original", "inverted", "rotated", "noisy")
+_NOISE_STD = 48.0  # of the `noisy` domain, in uint8 levels: the digit stays legible
+
+
+def _digit_domain(images: np.ndarray, domain: str) -> np.ndarray:
+    """`images` (N, 8, 8) uint8 as domain `domain` shows them."""
+    if domain == "original":
+        return images
+    if domain == "inverted":
+        return 255 - images
+    if domain == "rotated":
+        return np.ascontiguousarray(np.rot90(images, k=1, axes=(1, 2)))
+    noise = np.random.default_rng(0).normal(0.0, _NOISE_STD, images.shape)
+    return np.clip(np.round(images + noise), 0, 255).astype(np.uint8)
+
+
+def load_digits_domains(split_seed: int = 0, test_fraction: float = 0.2) -> Dataset:
+    """scikit-learn's digits in the four domains of `DIGIT_DOMAINS` (module docstring), each
+    split 80/20 stratified by class; `domains` of each split names every example's domain."""
+    digits = sk_datasets.load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    labels = digits.target.astype(np.int64)
+    # k-th example of its class -> domain k mod D: disjoint domains with every class.
+    rank = np.empty(len(labels), np.int64)
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        rank[members] = np.arange(len(members))
+    domain_of = rank % len(DIGIT_DOMAINS)
+    parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {"train": [], "test": []}
+    for d, domain in enumerate(DIGIT_DOMAINS):
+        members = np.flatnonzero(domain_of == d)
+        shown = _digit_domain(images[members], domain)
+        train, test = stratified_split(labels[members], test_fraction, split_seed)
+        for split, rows in (("train", train), ("test", test)):
+            parts[split].append((shown[rows], labels[members][rows], np.full(len(rows), d)))
+    sources = {
+        split: ArraySource(*(np.concatenate(column) for column in zip(*chunks, strict=True)))
+        for split, chunks in parts.items()
+    }
+    return Dataset(
+        name="digits_domains",
+        train=sources["train"],
+        test=sources["test"],
+        class_names=tuple(str(d) for d in range(10)),
+        domain_names=DIGIT_DOMAINS,
     )
 
 

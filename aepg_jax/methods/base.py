@@ -53,12 +53,23 @@ class TaskSpec:
     offset: Any  # first class of the task (in the relabelled order)
     num_classes: Any  # classes of the task
     freeze_steps: Any  # head-only steps at the start of the task
-    head_sizes: tuple[int, ...] = flax.struct.field(pytree_node=False)  # classes of every task
+    head_sizes: tuple[int, ...] = flax.struct.field(pytree_node=False)  # the model's heads
+    # class: each task brings new classes, one head each | domain: every task has every class
+    # (offset 0, one head), docs/algorithm.md §17
+    scenario: str = flax.struct.field(pytree_node=False, default="class")
 
     @property
     def stop(self) -> Any:
         """One past the task's last class: classes `[0, stop)` are seen after the task."""
         return self.offset + self.num_classes
+
+    @property
+    def learned_before(self) -> Any:
+        """Classes `[0, learned_before)` were learned by the tasks before this one: the task's
+        offset (class scenario); every class from task 1 on, none at task 0 (domain)."""
+        if self.scenario == "domain":
+            return jnp.where(jnp.asarray(self.index) > 0, self.stop, 0)
+        return self.offset
 
     def traced(self) -> TaskSpec:
         """The spec with int32 array leaves (a jitted program's argument)."""

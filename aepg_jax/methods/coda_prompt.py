@@ -21,6 +21,10 @@ to each other, then unit-normalised; rows [0, s) keep their values bit for bit, 
 (classical GS), which is orthogonal to the trained rows only while they are mutually
 orthogonal; we project out the span of the earlier rows (identical when they are orthogonal,
 e.g. before any training, and what GS intends when training has moved them).
+
+Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): runs. Task t (domain t) adds
+its rows of components as in the class scenario; the one head covers every class
+(`prompting.py`).
 """
 
 from __future__ import annotations

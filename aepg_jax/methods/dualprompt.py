@@ -20,6 +20,10 @@ permute (reported in its issue tracker), so samples 0..B/2-1 of a batch get key 
 their keys and values and samples B/2..B-1 value tokens as both (each pair taken from two
 neighbouring samples' slots). Here each sample's keys are its slot's key half and its values
 the value half, as google-research/l2p's JAX code and the DualPrompt paper have it.
+
+Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): runs. Task t (domain t)
+trains slot t and its key, and evaluation picks a slot per sample by its key, as in the class
+scenario; the one head covers every class (`prompting.py`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,13 @@ in float32: the step then takes no weight gradient of the K/V kernels (D x D per
 with a bfloat16 compute dtype only B_t's gradient, float32, is all-reduced. The user's
 `model.peft` modules are not used; the method's network carries LoRA on `inflora_blocks`.
 
+Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): refused at validation. The
+method's interference-free argument protects the old tasks through the LoRA subspaces and one
+classifier per task of new classes, frozen once its task ends (the reference's
+`classifier_pool`, here the task heads of the class scenario, of which only the current one
+gets a gradient); in the domain scenario one head over every class trains in every task, so
+each domain would move the classifier of the earlier ones and the method would not be InfLoRA.
+
 Trainable: the heads + `inflora/lora/{B_k, B_v}` (n_blocks, D, r) of the current task.
 Method state (fixed shapes, checkpointed and vmapped): `A` (T, n_blocks, r, D), `B_k`, `B_v`
 (T, n_blocks, D, r) (B of task s stored at its end), the memory `basis` (n_blocks, D, D)
@@ -171,6 +178,13 @@ class InfLoRA(Method):
                 p.append(f"method.{field}={m[field]} must be in (0, 1].")
         if m.inflora_memory not in dualgpm.MODES:
             p.append(f"method.inflora_memory={m.inflora_memory!r}: use one of {dualgpm.MODES}.")
+        if m.name == cls.name and cfg.data.scenario == "domain":
+            p.append(
+                "method.name=inflora does not run with data.scenario=domain: InfLoRA keeps one "
+                "classifier per task of new classes, frozen after its task, and a domain task "
+                "brings no new classes (docs/algorithm.md §17); use data.scenario=class or "
+                "another method."
+            )
         return p
 
     # -- state -------------------------------------------------------------------------------

@@ -13,6 +13,10 @@ Loss term (matching): w * sum_l sum_b sum_{j in idx_b} (1 - s[b, j]) / B, w = `l
 (1). This is the intended per-sample form (a decision, docs/algorithm.md §11); CODA's code indexes
 `cos_sim[:, k_idx]`, a (B, B, k) tensor that sums 1 - cos over every sample's pairing with
 every other sample's selected keys. q carries no gradient, so the term trains the keys only.
+
+Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): runs. The pool and its
+top-k selection are shared by all tasks and need no task identity; the one head covers every
+class (`prompting.py`).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@
 - Inference: `argmax_c max(softmax(f_on(x))_c, softmax(f_off(x))_c)` over the seen classes
   (`ensemble`, the primary predictor), with `online` and `offline` alone also reported. At task
   0 the offline copy equals the online PEFT, so all three agree.
+
+Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): runs unchanged. LAE already
+shares one head; in this scenario that head covers every class, and the ensemble's maximum is
+taken over all of them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
 """LwF (docs/algorithm.md §1, §7): distillation from a frozen copy taken before each task.
 
 For tasks t >= 1 the loss gains `w * mean_b T^2 KL(softmax(z_old/T) || softmax(z_new/T))` over
-the old classes' logits, `z_old` from the copy (heads of tasks 0..t-1) on the current batch;
-T = `method.lwf_temperature`, w = `method.lwf_weight`. Method state: the copy's trainable
-leaves (PEFT + every head, those of tasks >= t unchanged since their initialisation, so
-its logits of the old classes are the previous model's), unused during task 0.
+the old classes' logits (those learned before task t, `TaskSpec.learned_before`), `z_old` from
+the copy (heads of tasks 0..t-1) on the current batch; T = `method.lwf_temperature`,
+w = `method.lwf_weight`. Method state: the copy's trainable leaves (PEFT + every head, those of
+tasks >= t unchanged since their initialisation, so its logits of the old classes are the
+previous model's), unused during task 0.
+
+Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): runs. The old classes are
+every class from task 1 on (each domain has them all), so the term distils the copy's whole
+head, the previous domains' model, on the current domain's images.
 
 Two choices to know when comparing with other LwF code:
 - The old tasks' heads keep training (under the classification loss's softmax and the
@@ -69,7 +74,7 @@ class LwF(Method):
 
         def distill(_):
             old, _ = net.apply(partition.merge(state, frozen), images, task.head_sizes)
-            old_classes = jnp.arange(logits.shape[-1]) < task.offset
+            old_classes = jnp.arange(logits.shape[-1]) < task.learned_before
             d = losses.lwf_distillation(
                 logits, old, m.lwf_temperature, where=jnp.broadcast_to(old_classes, logits.shape)
             )
@@ -77,6 +82,9 @@ class LwF(Method):
 
         # Task 0 (no old classes) skips the copy's forward pass: a branch, not a select.
         extra = jax.lax.cond(
-            jnp.asarray(task.offset) > 0, distill, lambda _: jnp.zeros([], logits.dtype), None
+            jnp.asarray(task.learned_before) > 0,
+            distill,
+            lambda _: jnp.zeros([], logits.dtype),
+            None,
         )
         return logits, extra

@@ -1,5 +1,8 @@
 """Plain fine-tuning (docs/algorithm.md §7): one set of PEFT modules and the growing head,
-trained with the configured loss; nothing else. All of its behaviour is `Method`'s default."""
+trained with the configured loss; nothing else. All of its behaviour is `Method`'s default.
+
+Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): runs, with one head over
+every class trained in every task."""
 
 from __future__ import annotations
 

@@ -10,6 +10,12 @@
   the head-only phase like any PEFT). A prompt method brings its own parameters: `grow` drops the
   model's PEFT modules (`model.peft`, e.g. the default's LoRA) at task 0, and every forward pass
   runs the backbone with `model.peft.kind=none`.
+
+Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): the three prompt methods
+run. Their reference code has one classifier over all classes (logits of unseen classes
+masked), which in this scenario is one head that every task trains; prompt selection needs no
+task identity at test time (L2P++, CODA-P) or picks a task's prompt by its key (DualPrompt),
+which a domain task has as a class task does.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ Dataset sizes (`SIZES`: train / test examples and classes of the splits that
 `data/tfds_sources.py` makes) stand in for the data; the classes are taken as equally frequent
 (`n // C` or `n // C + 1` examples each), so per-task counts match the real split's up to a
 few images. `digits` is read (it ships with scikit-learn). Other sources (an image folder) need
-`--num_train`, `--num_test` and `--num_classes`.
+`--num_train`, `--num_test` and `--num_classes`. With `data.scenario=domain` the task split is
+one task per domain: `digits_domains`'s own domains, otherwise `data.num_tasks` equal domains
+holding every class (a real dataset's domains differ in size: the plan's per-task step counts
+are then estimates).
 
 The backbone is whatever `model.*` describes, as shapes only: `model.init=augreg` and
 `pretrained` are planned as `random` (a checkpoint that loads has the model's shapes, which
@@ -22,7 +25,7 @@ import numpy as np
 
 from aepg_jax.config import schema
 from aepg_jax.continual import setup
-from aepg_jax.data import datasets, loader, splits
+from aepg_jax.data import datasets, loader
 
 # `datasets.size_key` (a TFDS name, or a source) -> (train examples, test examples, classes) of
 # our splits.
@@ -55,20 +58,30 @@ def dataset_labels(
     return np.arange(n_train) % classes, np.arange(n_test) % classes, classes
 
 
+def dataset_domains(
+    cfg: ml_collections.ConfigDict, n_train: int, n_test: int, classes: int, sized: bool
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """`(train domain ids, test domain ids, domain names)` for `data.scenario=domain`: the
+    shipped source's own, else `data.num_tasks` equal domains, each with every class (example
+    i, whose class is i mod C, in domain (i // C) mod T)."""
+    d = cfg.data
+    shipped = None if sized else datasets.shipped_domains(d)
+    if shipped is not None:
+        return shipped
+    tasks = d.num_tasks
+    names = tuple(f"domain{t}" for t in range(tasks))
+    return (np.arange(n_train) // classes) % tasks, (np.arange(n_test) // classes) % tasks, names
+
+
 def run_data(cfg: ml_collections.ConfigDict, sizes=None) -> setup.RunData:
     """The run's `RunData` with its real task split and no images (`train`/`test` None)."""
     train, test, classes = dataset_labels(cfg, sizes)
-    schema.validate_against_dataset(cfg, classes)
     d = cfg.data
-    tasks = splits.make_class_incremental(
-        train,
-        test,
-        classes,
-        d.num_tasks,
-        class_order_seed=d.class_order_seed,
-        label_noise=0.0,
-        noise_seed=d.noise_seed,
-    )
+    domains = None
+    if d.scenario == "domain":
+        domains = dataset_domains(cfg, len(train), len(test), classes, sizes is not None)
+    schema.validate_against_dataset(cfg, classes, domains[2] if domains else (), d.name or d.source)
+    tasks = setup.task_split(d, train, test, classes, domains)  # indices: as the run's
     names = tuple(str(c) for c in range(classes))
     return setup.RunData(d.name or d.source, names, None, None, tasks)  # type: ignore[arg-type]
 
