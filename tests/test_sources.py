@@ -158,7 +158,7 @@ def test_the_registry_answers_what_code_outside_data_asks():
 
     from aepg_jax.data import datasets
 
-    assert datasets.SOURCES == ("digits", "fashion_mnist", "folder", "tfds")
+    assert datasets.SOURCES == ("digits", "digits_domains", "fashion_mnist", "folder", "tfds")
     assert datasets.sources_for("scratch") == ("digits", "fashion_mnist", "tfds")
 
     def block(**kw):
@@ -167,7 +167,8 @@ def test_the_registry_answers_what_code_outside_data_asks():
 
     assert datasets.config_problems(block()) == []
     assert datasets.config_problems(block(source="cifar")) == [
-        "data.source='cifar' is unknown; use one of digits, fashion_mnist, folder, tfds."
+        "data.source='cifar' is unknown; use one of digits, digits_domains, fashion_mnist, "
+        "folder, tfds."
     ]
     assert datasets.config_problems(block(source="folder")) == [
         "data.source=folder needs data.data_dir=<image folder root>."
@@ -192,6 +193,13 @@ def test_the_registry_answers_what_code_outside_data_asks():
     np.testing.assert_array_equal(test, digits.test.labels)
     assert classes == 10
     assert datasets.shipped_labels(block(source="tfds", name="cifar10")) is None
+    assert datasets.shipped_domains(block()) is None  # one domain
+    domains = datasets.load_configured(block(source="digits_domains"))
+    assert datasets.run_name(block(source="digits_domains"), domains) == "digits_domains-split3"
+    train_ids, test_ids, names = datasets.shipped_domains(block(source="digits_domains"))
+    np.testing.assert_array_equal(train_ids, domains.train.domains)
+    np.testing.assert_array_equal(test_ids, domains.test.domains)
+    assert names == domains.domain_names
     assert [s for s in datasets.SOURCES if datasets.takes_split_file(block(source=s))] == ["folder"]
 
 
