@@ -233,33 +233,40 @@ def test_lwf_distils_every_class_from_the_second_domain(tmp_path):
 
 
 def _check_results(results, workdir, num_domains=4):
-    """The accuracy matrix is domains x domains, a[i, j] (domain i after domain j) filled for
-    i <= j, each entry over domain i's whole test set; A_T is the last column's mean."""
+    """Each predictor's accuracy matrix is domains x domains, a[i, j] (domain i after domain
+    j) filled for i <= j, each entry over domain i's whole test set; A_T is the last column's
+    mean. Returns the primary predictor's matrix."""
     saved = json.load(open(workdir / "results.json"))
     assert saved["A_T"] == pytest.approx(results["A_T"])
     assert saved["num_tasks"] == num_domains and saved["head_sizes"] == [10]
-    matrix = np.array(saved["accuracy_matrix"], dtype=float)
-    assert matrix.shape == (num_domains, num_domains)
     ds = datasets.load_dataset("digits_domains", split_seed=0)
     per_domain = np.bincount(source.domains_of(ds.test), minlength=num_domains)
-    primary = saved["predictors"][0]
-    totals = saved["tracker"]["total"][primary]
-    for i in range(num_domains):
-        for j in range(num_domains):
-            if i <= j:
-                assert 0.0 <= matrix[i, j] <= 100.0
-                assert totals[i][j] == per_domain[i]  # domain i's test set, all of it
-            else:
-                assert np.isnan(matrix[i, j]) and totals[i][j] is None
-    assert saved["A_T"] == pytest.approx(np.mean(matrix[:, -1]))
-    return matrix
+    for p in saved["predictors"]:
+        matrix = np.array(saved["methods"][p]["accuracy_matrix"], dtype=float)
+        assert matrix.shape == (num_domains, num_domains)
+        totals = saved["tracker"]["total"][p]
+        for i in range(num_domains):
+            for j in range(num_domains):
+                if i <= j:
+                    assert 0.0 <= matrix[i, j] <= 100.0
+                    assert totals[i][j] == per_domain[i]  # domain i's test set, all of it
+                else:
+                    assert np.isnan(matrix[i, j]) and totals[i][j] is None
+        assert saved["methods"][p]["A_T"] == pytest.approx(np.mean(matrix[:, -1]))
+    primary = np.array(saved["accuracy_matrix"], dtype=float)
+    np.testing.assert_array_equal(
+        primary, np.array(saved["methods"][saved["predictors"][0]]["accuracy_matrix"], float)
+    )
+    return primary
 
 
-def test_short_domain_run_gives_a_domains_by_domains_matrix(tmp_path):
-    """plain + LoRA, a few steps per domain."""
-    cfg = domain_config(tmp_path, "plain", **{"max_steps_per_task": 4})
+@pytest.mark.parametrize("method", ["plain", "lae"])
+def test_short_domain_run_gives_a_domains_by_domains_matrix(tmp_path, method):
+    """plain + LoRA and LAE + LoRA, a few steps per domain; every predictor's matrix."""
+    cfg = domain_config(tmp_path, method, **{"max_steps_per_task": 4})
     results = trainer.run(cfg, str(tmp_path / "run"))
     _check_results(results, tmp_path / "run")
+    assert set(results["methods"]) == set(methods.get(method).predictors)
 
 
 @pytest.mark.slow
@@ -275,3 +282,33 @@ def test_domain_run_learns_above_chance(tmp_path, method):
     matrix = _check_results(results, tmp_path / "run")
     assert matrix[0, 0] > 20.0
     assert np.nanmean(np.diag(matrix)) > 12.0
+
+
+# -- the plan ----------------------------------------------------------------------------------
+
+
+def test_plan_splits_by_the_shipped_domains(tmp_path):
+    from aepg_jax.plan import project
+
+    cfg = domain_config(tmp_path)
+    data = shapes.run_data(cfg)
+    ds = datasets.load_dataset("digits_domains", split_seed=0)
+    assert data.tasks.head_sizes == (10,) and data.tasks.num_tasks == 4
+    for t, task in enumerate(data.tasks.tasks):
+        np.testing.assert_array_equal(task.train_indices, np.flatnonzero(ds.train.domains == t))
+    run = shapes.shape_run(cfg)
+    assert run.head_sizes == (10,)
+    calls = project.calls(run)
+    test_sizes = np.bincount(ds.test.domains)
+    per_domain = [-(-int(n) // cfg.eval.batch_size) for n in test_sizes]  # padded batches
+    assert calls["eval after task 4"] == sum(p * (4 - i) for i, p in enumerate(per_domain))
+
+
+def test_plan_of_a_sized_dataset_assumes_equal_domains_with_every_class(tmp_path):
+    cfg = domain_config(tmp_path, **{"data.source": "tfds", "data.name": "cifar100"})
+    cfg.data.num_tasks = 5
+    data = shapes.run_data(cfg)
+    assert data.tasks.head_sizes == (100,)
+    assert [len(t.train_indices) for t in data.tasks.tasks] == [10_000] * 5
+    for task in data.tasks.tasks:
+        assert set(data.tasks.train_labels[task.train_indices]) == set(range(100))

@@ -274,9 +274,9 @@ def validate_against_dataset(
     if d.scenario == "domain":
         if not domain_names:
             raise ValueError(
-                f"Invalid config: data.scenario=domain needs a dataset with several domains; "
-                f"{dataset} has none (no domain id per example); use data.scenario=class or a "
-                "multi-domain source (e.g. data.source=digits_domains)."
+                "Invalid config: data.scenario=domain needs a dataset with several domains; "
+                f"{dataset} has a single domain (no domain id per example); use "
+                "data.scenario=class or a multi-domain source (e.g. data.source=digits_domains)."
             )
         if d.num_tasks != len(domain_names):
             raise ValueError(
