@@ -144,7 +144,7 @@ def test_pilot_without_its_data_dir_is_one_line_naming_it():
 @pytest.mark.slow
 def test_a_demo_run_goes_through_sweep_and_tables(tmp_path, capsys):
     """One run of `coda_prompt_demo` (L2P++, seed 0) swept for real, then tabulated: its cell
-    has a number, the others say how many of their runs are done."""
+    has its number and `1/2 done` (seed 1 is not run), CODA-P's cells `0/2 done`."""
     root = str(tmp_path)
     where = "--where=method=l2p,seed=0"
     assert sweep.main(["--experiment=coda_prompt_demo", f"--workdir={root}", where]) == 0
@@ -155,5 +155,5 @@ def test_a_demo_run_goes_through_sweep_and_tables(tmp_path, capsys):
     assert tables.main([root]) == 1  # the other runs have no results yet
     out = capsys.readouterr().out
     l2p = next(line for line in out.splitlines() if line.startswith("| L2P++"))
-    assert f"{results['A_T']:.1f}" in l2p and "(n=1)" in l2p
+    assert f"{results['A_T']:.1f} (1/2 done)" in l2p  # seed 1 not run
     assert "0/2 done" in next(line for line in out.splitlines() if line.startswith("| CODA-P"))
