@@ -229,12 +229,12 @@ PILOT_DUALPROMPT: Overrides = (
 )
 PILOT_DATASETS = (("imagenet_a", "ImageNet-A", 10), ("objectnet", "ObjectNet", 10),
                   ("omnibenchmark", "OmniBenchmark", 10), ("vtab", "VTAB", 5))  # fmt: skip
-_DATASET_SPEC = "dataset=" + "/".join(d for d, _, _ in PILOT_DATASETS)
+_DATASETS_ARG = "dataset=" + "/".join(d for d, _, _ in PILOT_DATASETS)
 PILOT_GRIDS = (
-    Grid(PILOT, f"{_DATASET_SPEC},method=l2p,loss=ce,{SEEDS5}", "PILOT, L2P", False, PILOT_L2P),
-    Grid(PILOT, f"{_DATASET_SPEC},method=dualprompt,loss=ce,{SEEDS5}", "PILOT, DualPrompt",
+    Grid(PILOT, f"{_DATASETS_ARG},method=l2p,loss=ce,{SEEDS5}", "PILOT, L2P", False, PILOT_L2P),
+    Grid(PILOT, f"{_DATASETS_ARG},method=dualprompt,loss=ce,{SEEDS5}", "PILOT, DualPrompt",
          False, PILOT_DUALPROMPT),
-    Grid(PILOT, f"{_DATASET_SPEC},shuffle=false,method=coda_prompt,loss=ce,{SEEDS5}",
+    Grid(PILOT, f"{_DATASETS_ARG},shuffle=false,method=coda_prompt,loss=ce,{SEEDS5}",
          "PILOT, CODA-Prompt", False),
 )  # fmt: skip
 PILOT_METRICS = (("avg_inc_acc", "bar-A"), ("A_T", "A_B"))
