@@ -124,6 +124,11 @@ def _damage_list_line(src):
     return f"painting_train.txt: line {len(lines)} ('painting/cat/painting_1.jpg')", "<label"
 
 
+def _damage_binary_list(src):
+    (src / "clipart_test.txt").write_bytes(b"\xff\xfe\x00garbage")
+    return "clipart_test.txt: not a text list", "download clipart_test.txt again"
+
+
 def _damage_wrong_label(src):
     path = src / "real_test.txt"
     path.write_text(path.read_text().replace(" 308\n", " 309\n", 1))
@@ -145,7 +150,14 @@ def _damage_digest(src):
 
 @pytest.mark.parametrize(
     "damage",
-    [_damage_missing_file, _damage_list_line, _damage_wrong_label, _damage_member, _damage_digest],
+    [
+        _damage_missing_file,
+        _damage_list_line,
+        _damage_binary_list,
+        _damage_wrong_label,
+        _damage_member,
+        _damage_digest,
+    ],
 )
 def test_a_wrong_release_is_one_line_and_nothing_is_written(tmp_path, capsys, damage):
     src = _make(tmp_path)

@@ -94,8 +94,14 @@ class Entry:
 
 def read_list(path: str, domain: str) -> tuple[Entry, ...]:
     """The entries of a list file; a line TFDS would misread is one `ArchiveError` line."""
-    with open(path, encoding="utf-8", newline="") as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
+    except UnicodeDecodeError as err:
+        raise archives.ArchiveError(
+            f"{path}: not a text list ({err.reason} at byte {err.start}); download "
+            f"{os.path.basename(path)} again from {download_url(os.path.basename(path))}."
+        ) from err
     entries = []
     for i, line in enumerate(text.split("\n")):  # TFDS: `read().split('\n')`, blanks skipped
         if not line:
