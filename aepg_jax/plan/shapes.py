@@ -33,6 +33,7 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "cifar10": (50_000, 10_000, 10),
     "cifar100": (50_000, 10_000, 100),
     "fashion_mnist": (60_000, 10_000, 10),
+    "domainnet": (409_832, 176_743, 345),  # six domains' train / test lists, concatenated
 }
 
 
