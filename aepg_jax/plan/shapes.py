@@ -66,6 +66,7 @@ def run_data(cfg: ml_collections.ConfigDict, sizes=None) -> setup.RunData:
         classes,
         d.num_tasks,
         class_order_seed=d.class_order_seed,
+        class_order_rng=d.get("class_order_rng", "default"),
         label_noise=0.0,
         noise_seed=d.noise_seed,
     )
