@@ -4,7 +4,9 @@
 leave nothing a run would read."""
 
 import os
+import pathlib
 import shutil
+import types
 
 import fake_archives
 import numpy as np
@@ -160,3 +162,12 @@ def test_real_counts_give_no_note(tmp_path, capsys, monkeypatch):
     code, out, err = run("vtab", root, tmp_path / "data", capsys)
     assert code == 0, err
     assert "note:" not in out
+
+
+def test_too_little_disk_is_one_line_before_copying(tmp_path, capsys, monkeypatch):
+    src, _ = _vtab(tmp_path)
+    need = sum(f.stat().st_size for f in pathlib.Path(src).rglob("*.jpg"))
+    monkeypatch.setattr(
+        folder_build.shutil, "disk_usage", lambda path: types.SimpleNamespace(free=need - 1)
+    )
+    _refused(tmp_path, capsys, src, f"vtab needs {need / 2**20:.1f} MiB free under", "MiB are")

@@ -11,12 +11,17 @@
 | cifar10           | https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz (or -binary) |
 | cifar100          | https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz (or -binary) |
 | clrs25            | the unpacked CLRS folder (ROOT/<class>/*)                          |
+| imagenet_a        | PILOT's ina.zip unpacked: ROOT/{train,test}/<class>/*              |
+| objectnet         | PILOT's objnet.tgz unpacked: ROOT/{train,test}/<class>/*           |
+| omnibenchmark     | PILOT's omnibenchmark.zip unpacked: ROOT/{train,test}/<class>/*    |
+| vtab              | PILOT's vtab.zip unpacked: vtab-cil/vtab/{train,test}/<class>/*    |
 
 The TFDS datasets are written as TFDS `array_record` in `DIR/NAME/<version>/`, the records
 those of `tfds build NAME --file_format=array_record` in the same order (see builders.py);
 pass `--config.data.data_dir=DIR`. ImageNet-R also gets `DIR/imagenet_r/0.2.0/l2p_split.json`
-(L2P's train/test lists) for `data.source=folder` + `data.split_file`. CLRS25 goes to
-`DIR/clrs25` (pass that as `data.data_dir`).
+(L2P's train/test lists) for `data.source=folder` + `data.split_file`. The image folders go to
+`DIR/<name>` (pass that as `data.data_dir` with `data.source=folder`); PILOT's links to them are
+in docs/data.md.
 
 Each archive's size and sha256 are checked first (TFDS's values; Keras's for CIFAR's python
 tarballs); `--checksums=TSV` (lines `filename size sha256`) replaces them. Errors are one
@@ -96,11 +101,12 @@ def _out_of_space(err: BaseException) -> bool:
 
 def space_message(name: str, data_dir: str, sources: list[str]) -> str:
     """One line: the disk under `data_dir` filled while `name` was written."""
-    need = 2 * sum(os.path.getsize(s) for s in sources if os.path.isfile(s))
+    need = sum(2 * os.path.getsize(s) if os.path.isfile(s) else _size(s) for s in sources)
     free = shutil.disk_usage(data_dir).free
+    what = "twice its archives" if all(os.path.isfile(s) for s in sources) else "its folder's size"
     return (
         f"the disk under {data_dir} filled while {name} was written: it needs about "
-        f"{need / 2**30:.1f} GiB free there (twice its archives), {free / 2**30:.1f} GiB are; "
+        f"{need / 2**30:.1f} GiB free there ({what}), {free / 2**30:.1f} GiB are; "
         "free space (or pass another --data_dir) and run the same command again."
     )
 
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "--source",
         action="append",
         required=True,
-        help="a downloaded archive (repeat for CUB's two files), or CLRS25's folder",
+        help="a downloaded archive (repeat for CUB's two files), or the image folder",
     )
     parser.add_argument("--data_dir", required=True, help="where the prepared dataset goes")
     parser.add_argument("--checksums", help="TSV of `filename size sha256` replacing ours")

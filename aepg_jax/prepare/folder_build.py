@@ -140,6 +140,10 @@ def _note_counts(name: str, found: dict[str, dict[str, list[str]]]) -> None:
         print(f"note: {name} holds {got} images; the published set holds {published}")
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def _copy_checked(files: list[tuple[str, str]], desc: str) -> None:
     """Opens each `src` with Pillow and copies it byte for byte to `dst` (progress bar)."""
     with tqdm.tqdm(total=len(files), desc=desc, unit="img", disable=None) as bar:
@@ -200,8 +204,8 @@ def prepare(name: str, source: str, data_dir: str, *, force: bool = False) -> st
     if need > free:
         shutil.rmtree(staging, ignore_errors=True)
         raise archives.ArchiveError(
-            f"{name} needs {need / 2**30:.1f} GiB free under {data_dir}, {free / 2**30:.1f} GiB "
-            "are: free space (or pass another --data_dir) and run the same command again."
+            f"{name} needs {_size(need)} free under {data_dir}, {_size(free)} are: free space "
+            "(or pass another --data_dir) and run the same command again."
         )
     print(f"{name}: no published digest exists; every image is opened instead")
     try:
