@@ -171,3 +171,16 @@ def test_too_little_disk_is_one_line_before_copying(tmp_path, capsys, monkeypatc
         folder_build.shutil, "disk_usage", lambda path: types.SimpleNamespace(free=need - 1)
     )
     _refused(tmp_path, capsys, src, f"vtab needs {need / 2**20:.1f} MiB free under", "MiB are")
+
+
+def test_synthetic_pilot_folders_have_the_real_counts(monkeypatch):
+    """benchmarks/make_synthetic_archives.py spreads each split's real count over the classes."""
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import make_synthetic_archives
+
+    for name in PILOT:
+        _, per_split, _, _ = make_synthetic_archives.LAYOUTS[name]
+        spec = folder_build.FOLDERS[name]
+        counts = [make_synthetic_archives.spread(n, spec.classes) for n in per_split]
+        assert [sum(c) for c in counts] == [spec.images["train"], spec.images["test"]]
+        assert all(max(c) - min(c) <= 1 for c in counts)
