@@ -184,3 +184,31 @@ def test_synthetic_pilot_folders_have_the_real_counts(monkeypatch):
         counts = [make_synthetic_archives.spread(n, spec.classes) for n in per_split]
         assert [sum(c) for c in counts] == [spec.images["train"], spec.images["test"]]
         assert all(max(c) - min(c) <= 1 for c in counts)
+
+
+def test_a_runs_data_from_a_prepared_pilot_folder_in_pilots_order(tmp_path, capsys):
+    """`setup.prepare_data` of a config with data.source=folder and PILOT's class order."""
+    import tiny
+
+    from aepg_jax.continual import setup
+
+    (src,) = fake_archives.make_pilot(str(tmp_path / "src"), "vtab")
+    assert run("vtab", src, tmp_path / "data", capsys)[0] == 0
+    cfg = tiny.tiny_config(
+        tmp_path / "cache",
+        **{
+            "data.source": "folder",
+            "data.name": "vtab",
+            "data.data_dir": str(tmp_path / "data" / "vtab"),
+            "data.num_tasks": 5,
+            "data.class_order_seed": 1993,
+            "data.class_order_rng": "numpy_legacy",
+        },
+    )
+    data = setup.prepare_data(cfg)
+    order = np.random.RandomState(1993).permutation(50)
+    np.testing.assert_array_equal(data.tasks.class_order, order)
+    assert data.tasks.head_sizes == (10,) * 5
+    assert (len(data.train.labels), len(data.test.labels)) == (100, 50)
+    relabelled = np.argsort(order)[data.test.labels]  # class c -> its position in the order
+    np.testing.assert_array_equal(data.tasks.test_labels, relabelled)
