@@ -32,6 +32,7 @@ ARCHIVES = {
     "objectnet": ("objectnet",),
     "omnibenchmark": ("omnibenchmark",),
     "vtab": ("vtab-cil",),
+    "domainnet": ("domainnet",),  # the folder of its six zips and twelve lists
 }
 # Run in the child: tensorflow is not importable, then `python -m aepg_jax.prepare ARGS`.
 CHILD = f"""
@@ -97,12 +98,21 @@ def run_prepare(name: str, archive: str | list[str], data_dir: str, *, force: bo
 
 
 def _count(prepared: str) -> dict[str, int]:
-    """Records per split (TFDS's dataset_info.json), or images of an image folder (CLRS25;
-    per split for PILOT's `train/` and `test/`)."""
-    entries = [v for v in os.listdir(prepared) if not v.startswith(".")]
-    if sorted(entries) == ["test", "train"]:
+    """Records per split (TFDS's dataset_info.json; `<config>/<split>` for a dataset of
+    configs, DomainNet's domains), or images of an image folder (CLRS25; per split for PILOT's
+    `train/` and `test/`)."""
+    entries = sorted(v for v in os.listdir(prepared) if not v.startswith("."))
+    if entries == ["test", "train"]:
         return {s: _count(os.path.join(prepared, s))["images"] for s in ("train", "test")}
-    if not os.path.exists(os.path.join(prepared, entries[0], "dataset_info.json")):
+    first = os.path.join(prepared, entries[0])
+    configs = [os.path.join(first, v) for v in os.listdir(first)]
+    if all(os.path.exists(os.path.join(c, "dataset_info.json")) for c in configs):
+        return {
+            f"{config}/{split}": n
+            for config in entries
+            for split, n in _count(os.path.join(prepared, config)).items()
+        }
+    if not os.path.exists(os.path.join(first, "dataset_info.json")):
         return {"images": sum(len(os.listdir(os.path.join(prepared, c))) for c in entries)}
     (version,) = entries
     with open(os.path.join(prepared, version, "dataset_info.json")) as f:

@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import tarfile
+import zipfile
 
 import numpy as np
 from PIL import Image
@@ -187,6 +188,54 @@ def make_clrs(directory, classes: int = 25, per_class: int = 5) -> list[str]:
             with open(os.path.join(root, f"class{c:02d}", f"{i}.tif"), "wb") as f:
                 f.write(_encode(400 + 10 * c + i, "tiff", size=10))
     return [directory]
+
+
+# DomainNet label ids 0, 308 and 327 (TFDS's class names, numbered as the release's lists).
+DOMAINNET_CLASSES = ("aircraft_carrier", "The_Eiffel_Tower", "t-shirt")
+DOMAINNET_DOMAINS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
+
+
+def make_domainnet(
+    directory, classes: dict[str, int] | None = None, train: int = 2, test: int = 1
+) -> list[str]:
+    """`<domain>.zip` (`<domain>/<class>/<domain>_<c>_<i>.jpg`, quickdraw `<id>.png`, members
+    in another order than the lists, deflated) and `<domain>_{train,test}.txt` for the six
+    domains, `train` + `test` images per class (domain d has d % 2 more train images of the
+    first class); `classes`: name -> label (default: DOMAINNET_CLASSES with their TFDS ids).
+    Returns `[directory]`, the `--source`."""
+    if classes is None:
+        classes = dict(zip(DOMAINNET_CLASSES, (0, 308, 327), strict=True))
+    for d, domain in enumerate(DOMAINNET_DOMAINS):
+        lines = {"train": [], "test": []}
+        members = {}
+        for c, (name, label) in enumerate(classes.items()):
+            count = train + test + (d % 2 if c == 0 else 0)
+            for i in range(count):
+                if domain == "quickdraw":
+                    member = f"{domain}/{name}/{4_500_000 + 97 * c + i}.png"
+                    data = _encode(600 + 100 * d + 10 * c + i, "png", mode="L")
+                else:
+                    member = f"{domain}/{name}/{domain}_{label:03d}_{i:06d}.jpg"
+                    data = _encode(600 + 100 * d + 10 * c + i, "jpeg")
+                members[member] = data
+                lines["train" if i < count - test else "test"].append(f"{member} {label}")
+        with zipfile.ZipFile(os.path.join(directory, f"{domain}.zip"), "w") as zf:
+            for member in sorted(members, reverse=True):
+                zf.writestr(zipfile.ZipInfo(member), members[member], zipfile.ZIP_DEFLATED)
+        for split, listed in lines.items():
+            with open(os.path.join(directory, f"{domain}_{split}.txt"), "w", newline="") as f:
+                f.write("".join(f"{line}\n" for line in listed))
+    return [os.fspath(directory)]
+
+
+def domainnet_checksums(directory, out) -> str:
+    """The `--checksums` TSV of the 18 DomainNet files in `directory`."""
+    names = [
+        f
+        for domain in DOMAINNET_DOMAINS
+        for f in (f"{domain}.zip", f"{domain}_train.txt", f"{domain}_test.txt")
+    ]
+    return checksums_tsv([os.path.join(directory, n) for n in names], out)
 
 
 # PILOT's folders: the wrapping directories of the unpacked download and the class count.

@@ -9,7 +9,8 @@ and what the config checks, the caches, the trainers and the planner need to kno
   planner's sizes (`folder:<name>`); `split_file` (JSON train/test lists, e.g. ImageNet-R's from
   `aepg_jax.prepare`) fixes the split.
 * `tfds`: TFDS `array_record` data (`name` in imagenet_r, food101, caltech_birds2011, cifar10,
-  cifar100, fashion_mnist); `data_dir` = the TFDS data dir (default: TFDS's own).
+  cifar100, fashion_mnist, domainnet: its six domains as one multi-domain dataset); `data_dir` =
+  the TFDS data dir (default: TFDS's own).
 
 `split_seed` draws the stratified 80/20 split of `digits` and of folders without
 `train/`/`test/` sub-folders.

@@ -34,6 +34,7 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "cifar10": (50_000, 10_000, 10),
     "cifar100": (50_000, 10_000, 100),
     "fashion_mnist": (60_000, 10_000, 10),
+    "domainnet": (409_832, 176_743, 345),  # six domains' train / test lists, concatenated
     # image folders by `data.name` (`python -m aepg_jax.prepare` writes them)
     "folder:clrs25": (12_000, 3_000, 25),  # the stratified 80/20 split of 600 per class
     "folder:imagenet_a": (5_981, 1_519, 200),  # PILOT's train/ and test/ folders
