@@ -20,7 +20,7 @@ check, training, evaluation, checkpoint per task); this process samples the chil
 anonymous RSS (`/proc/<pid>/status` VmRSS, RssAnon) every `--interval` s. Per phase: wall time,
 peak RSS, disk added (cache dir + workdir); per task: RSS and anonymous RSS when its evaluation
 ends. Further `--config.*` flags go to the run. Prints Markdown tables and writes
-`ROOT/rehearsal-NAME[-TAG].json` (`--run_config=SPEC` runs that config instead of the dataset's,
+`ROOT/rehearsal-NAME[-TAG].json` (`--run_config=CONFIG` runs that config instead of the dataset's,
 with the continual limits). Cache and run directories live under ROOT (`ROOT/cache`,
 `ROOT/runs/NAME`), never in the repository.
 """

@@ -79,9 +79,33 @@ CODA_GRIDS = (
 CODA_METRICS = (("A_T", "A_{t}"), ("forgetting", "F_{t}"))
 
 
-def _coda_rows() -> list[Row]:
-    """L2P++, DualPrompt, CODA-P; their published values could not be read (see CODA)."""
-    return [Row(name, {"method": m, "loss": "ce"}) for m, name in PROMPTS]
+# Published cells (`""`: not read), each table's sources in the comment after `CODA`.
+# Table 1, ImageNet-R 10 tasks: A_10, F_10.
+CODA_T1 = {
+    "l2p": ("69.29±0.73", "2.03"),
+    "dualprompt": ("71.32±0.62", "1.71"),
+    "coda_prompt": ("75.45±0.56", "1.64"),
+}
+# Table 2: CIFAR-100 A_10, F_10, DomainNet A_5, F_5.
+CODA_T2 = {"coda_prompt": ("86.25±0.74", "1.67±0.26", "73.24±0.59", "3.46±0.09")}
+# Table 3, ImageNet-R: A_5, F_5, A_20, F_20.
+CODA_T3 = {
+    "l2p": ("70.83±0.58", "", "65.89±1.30", ""),
+    "dualprompt": ("73.05±0.50", "", "67.87±1.39", ""),
+    "coda_prompt": ("76.51±0.38", "", "72.37±1.19", ""),
+}
+
+
+def _published_rows(
+    methods: tuple[tuple[str, str], ...], published: dict[str, tuple[str, ...]]
+) -> list[Row]:
+    """One row per (method, label), with its published cells where any were read."""
+    return [Row(name, {"method": m, "loss": "ce"}, published.get(m, ())) for m, name in methods]
+
+
+def _coda_rows(published: dict[str, tuple[str, ...]]) -> list[Row]:
+    """L2P++, DualPrompt, CODA-P with the cells read (see the comment after CODA)."""
+    return _published_rows(PROMPTS, published)
 
 
 CODA = Experiment(
@@ -90,24 +114,33 @@ CODA = Experiment(
     "CIFAR-100, DomainNet",
     CODA_GRIDS,
     [
-        Table("CODA-Prompt Table 1: ImageNet-R, 10 tasks (5 seeds)", _coda_rows(),
+        Table("CODA-Prompt Table 1: ImageNet-R, 10 tasks (5 seeds)", _coda_rows(CODA_T1),
               _columns("imagenet_r", "ImageNet-R", 10, CODA_METRICS, {"tasks": 10})),
         Table("CODA-Prompt Table 2: CIFAR-100 (10 tasks) and DomainNet (5 tasks) (5 seeds)",
-              _coda_rows(),
+              _coda_rows(CODA_T2),
               [*_columns("cifar100", "CIFAR-100", 10, CODA_METRICS),
                *_columns("domainnet", "DomainNet", 5, CODA_METRICS)]),
-        Table("CODA-Prompt Table 3: ImageNet-R, 5 and 20 tasks (5 seeds)", _coda_rows(),
+        Table("CODA-Prompt Table 3: ImageNet-R, 5 and 20 tasks (5 seeds)", _coda_rows(CODA_T3),
               [c for t in (5, 20)
                for c in _columns("imagenet_r", "ImageNet-R", t, CODA_METRICS, {"tasks": t})]),
     ],
 )  # fmt: skip
 # CODA-Prompt's Tables 1-3 (A_N and F_N of L2P++, DualPrompt, CODA-P).
 #
-# Published cells are empty: the paper's tables could not be read in any stored source (the
-# stored copies of the paper hold its first page only, and the repository's README gives no
-# numbers); fill them from the paper (arXiv 2211.13218, Tables 1-3) as `"mean±pm"`. The number of
-# repeats behind the paper's ± could not be read either; the grids run seeds 0-4 (the code's
-# experiment scripts set REPEAT=1).
+# The paper's own tables could not be read in any stored source (its stored copies hold the
+# first page only; the repository's README gives no numbers). The cells come from later papers
+# that re-report CODA-Prompt's numbers, read in machine transcriptions in the public-code index:
+# - A_N on ImageNet-R, 5 / 10 / 20 tasks (CODA_T1, CODA_T3): VQ-Prompt (Jiao et al., NeurIPS
+#   2024), Table 1, "FAA" of L2P++, DualPrompt, CODA-P [CVPR23] (file id 58056763138; its CAA
+#   column is not CODA-Prompt's metric and is not used).
+# - F_N on ImageNet-R 10 tasks, and CODA-P's CIFAR-100 and DomainNet cells (CODA_T1, CODA_T2):
+#   notes summarising OS-Prompt's tables, which re-report CodaPrompt's and the L2P / DualPrompt
+#   rows (file id 61769702032; the same numbers in 60301520812). The notes print the ImageNet-R
+#   rows without ±; their A_N equal VQ-Prompt's.
+# Check against arXiv 2211.13218 before quoting. Empty: every F_N of Table 3 and the L2P++ and
+# DualPrompt cells of Table 2. The number of repeats behind the paper's ± could not be read; the
+# grids run seeds 0-4 (the code's experiment scripts set REPEAT=1).
+
 
 # -------------------------------------------------------------------------------- InfLoRA
 # Settings: liangyanshuo/InfLoRA (HEAD e08b00e), configs/*.json. InfLoRA-b5 (LoRA on blocks 0-4,
@@ -191,9 +224,12 @@ INFLORA = Experiment(
 # InfLoRA's Tables 1-2 (ACC_T and bar-ACC_T, mean ± std of 5 runs).
 #
 # The L2P, DualPrompt and CODA-P cells were read from a machine transcription of the paper's
-# tables (`INFLORA_T1`, `INFLORA_T2`), not from the paper itself: check them against arXiv
-# 2404.00228 before quoting. The InfLoRA-b5 row is empty: it could not be read in any stored
-# source. The paper's L2P is its own baseline run; ours is L2P++ (methods/l2p.py).
+# tables (`INFLORA_T1`, `INFLORA_T2`), not from the paper itself, and no second copy of these
+# tables was found in the stored sources (later papers that list these methods, e.g. Geo-LoRA's
+# tables, print other numbers): check them against arXiv 2404.00228 before quoting. The
+# InfLoRA-b5 row is empty: it could not be read in any stored source (the transcription leaves
+# out the authors' rows; the secondary notes found give InfLoRA's all-block row only, which is
+# not this row). The paper's L2P is its own baseline run; ours is L2P++ (methods/l2p.py).
 
 # ---------------------------------------------------------------------------------- PILOT
 # Settings: sun-hailong/LAMDA-PILOT (HEAD 2647455). Its exps/ hold configs for CIFAR-100
@@ -238,6 +274,13 @@ PILOT_GRIDS = (
          "PILOT, CODA-Prompt", False),
 )  # fmt: skip
 PILOT_METRICS = (("avg_inc_acc", "bar-A"), ("A_T", "A_B"))
+PILOT_ROWS = (("l2p", "L2P"), ("dualprompt", "DualPrompt"), ("coda_prompt", "CODA-Prompt"))
+# Published cells, per dataset bar-A then A_B, in PILOT_DATASETS' order (sources after PILOT).
+PILOT_T = {
+    "l2p": ("49.39", "41.71", "", "", "73.36", "64.69", "77.11", "77.10"),
+    "dualprompt": ("53.71", "41.67", "", "", "73.92", "65.52", "83.36", "81.23"),
+    "coda_prompt": ("53.54", "42.73", "", "", "77.03", "68.09", "83.90", "83.02"),
+}
 PILOT_EXPERIMENT = Experiment(
     "pilot",
     "LAMDA-PILOT (Sun et al.): L2P, DualPrompt, CODA-Prompt on ImageNet-A, ObjectNet, "
@@ -245,17 +288,20 @@ PILOT_EXPERIMENT = Experiment(
     PILOT_GRIDS,
     [
         Table("PILOT: B0 splits of ImageNet-A, ObjectNet, OmniBenchmark, VTAB (5 seeds)",
-              [Row(name, {"method": m, "loss": "ce"})
-               for m, name in (("l2p", "L2P"), ("dualprompt", "DualPrompt"),
-                               ("coda_prompt", "CODA-Prompt"))],
+              _published_rows(PILOT_ROWS, PILOT_T),
               [c for d, name, _ in PILOT_DATASETS
                for c in _columns("pilot", name, 0, PILOT_METRICS, {"dataset": d})]),
     ],
 )  # fmt: skip
 # PILOT's rows of L2P, DualPrompt, CODA-Prompt (bar-A and A_B).
 #
-# Published cells are empty: the repository's README shows its results as images (CIFAR-100 and
-# ImageNet-R only) and the stored copies of the paper (arXiv 2309.07117) hold its first page only.
+# PILOT's own results could not be read: the repository's README shows them as images
+# (CIFAR-100 and ImageNet-R only) and the stored copies of the paper (arXiv 2309.07117) hold its
+# first page only. The cells are the same group's EASE (Zhou, Sun, Ye, Zhan, CVPR 2024), Table 1
+# (ViT-B/16-IN21K, no exemplars, "all compared methods with their source code"; one number per
+# cell, no ±), read in a Markdown conversion of the paper in the public-code index (file id
+# 67142259403): IN-A B0 Inc20, OmniBench B0 Inc30 and VTAB B0 Inc10 are these splits. ObjectNet
+# stays empty: EASE's table has ObjNet B0 Inc10 (20 tasks), not this 10-task split.
 # The splits are 20 / 20 / 30 / 10 classes per task (configs/pilot.py); the class counts are those
 # of the repository's utils/data.py, the increments those its benchmarks' authors state (the
 # repository's exps/ hold no config of these four datasets). PILOT reports one run (seed 1993
