@@ -19,8 +19,8 @@ import sys
 import threading
 import time
 
-# name -> its download(s) (`--source` each; `<first>.checksums.tsv` lists them all); CLRS25's
-# is the unpacked folder.
+# name -> its download(s) (`--source` each; `<first>.checksums.tsv` lists them all); those of
+# the image folders (CLRS25, PILOT's four) are the unpacked folder.
 ARCHIVES = {
     "imagenet_r": ("imagenet-r.tar",),
     "food101": ("food-101.tar.gz",),
@@ -28,6 +28,10 @@ ARCHIVES = {
     "cifar10": ("cifar-10-python.tar.gz",),
     "cifar100": ("cifar-100-python.tar.gz",),
     "clrs25": ("CLRS",),
+    "imagenet_a": ("imagenet-a",),
+    "objectnet": ("objectnet",),
+    "omnibenchmark": ("omnibenchmark",),
+    "vtab": ("vtab-cil",),
     "domainnet": ("domainnet",),  # the folder of its six zips and twelve lists
 }
 # Run in the child: tensorflow is not importable, then `python -m aepg_jax.prepare ARGS`.
@@ -95,8 +99,11 @@ def run_prepare(name: str, archive: str | list[str], data_dir: str, *, force: bo
 
 def _count(prepared: str) -> dict[str, int]:
     """Records per split (TFDS's dataset_info.json; `<config>/<split>` for a dataset of
-    configs, DomainNet's domains), or images of an image folder (CLRS25)."""
+    configs, DomainNet's domains), or images of an image folder (CLRS25; per split for PILOT's
+    `train/` and `test/`)."""
     entries = sorted(v for v in os.listdir(prepared) if not v.startswith("."))
+    if entries == ["test", "train"]:
+        return {s: _count(os.path.join(prepared, s))["images"] for s in ("train", "test")}
     first = os.path.join(prepared, entries[0])
     configs = [os.path.join(first, v) for v in os.listdir(first)]
     if all(os.path.exists(os.path.join(c, "dataset_info.json")) for c in configs):

@@ -1,7 +1,8 @@
 """Real-size synthetic archives in the official member layouts, for rehearsing `prepare`.
 
     python benchmarks/make_synthetic_archives.py imagenet_r food101 caltech_birds2011 cifar10 \
-        cifar100 clrs25 domainnet --out=/work/rehearsal/archives
+        cifar100 clrs25 domainnet imagenet_a objectnet omnibenchmark vtab \
+        --out=/work/rehearsal/archives
 
 writes into OUT, each as the real download is laid out:
 
@@ -14,6 +15,10 @@ writes into OUT, each as the real download is laid out:
 | cifar100 | cifar-100-python.tar.gz (pickled batches) | 50,000 + 10,000, 32 px | 0.2 GiB |
 | clrs25 | CLRS/<class>/*.tif (a folder) | 15,000 in 25, 256 px | 2.8 GiB |
 | domainnet | domainnet/: 6 `<domain>.zip`, 12 `<domain>_<split>.txt` | 409,832 + 176,743 | 17 GiB |
+| imagenet_a | imagenet-a/{train,test}/<wnid>/*.jpg (a folder) | 5,981 + 1,519 in 200 | 0.7 GiB |
+| objectnet | objectnet/{train,test}/<class>/*.jpg | 26,509 + 6,628 in 200 | 8.0 GiB |
+| omnibenchmark | omnibenchmark/{train,test}/<class>/*.jpg | 89,697 + 5,985 in 300 | 6.7 GiB |
+| vtab | vtab-cil/vtab/{train,test}/<class>/*.jpg | 1,796 + 8,619 in 50 | 0.5 GiB |
 
 plus `OUT/<first file>.checksums.tsv` (every file of the dataset) for `prepare --checksums`
 (none for CLRS25, which has no published digest). The images are random noise (JPEGs whose
@@ -29,9 +34,14 @@ their bytes come from a pool of 2,000 distinct images per domain, reused from me
 noise JPEGs whose side is set so that the zip's mean member size is the real one (clipart
 1.2 GiB, infograph 4.0, painting 3.4, real 5.6, sketch 2.5 GiB in all), quickdraw's 255 px
 grayscale PNG line drawings (about 0.4 GiB, 2-4 KB each as the real ones);
-`OUT/domainnet.checksums.tsv` covers the 18 files. Each output is written under `<name>.tmp`
+`OUT/domainnet.checksums.tsv` covers the 18 files. PILOT's four folders have their real
+train/test counts spread evenly over their classes (ImageNet-A's folders 200 ImageNet wnids);
+PILOT does not publish the folders' sizes: theirs are estimates (ImageNet-A's from its original
+7,500 images in 0.66 GiB; ObjectNet's photos kept near 500 px; OmniBenchmark's and VTAB's web
+and benchmark images near ImageNet-R's and 200 px). Each output is written under `<name>.tmp`
 and renamed when complete; `--scale` shrinks the example counts per class (to no fewer than 4;
-DomainNet's lines per list, to no fewer than one per class) and
+DomainNet's lines per list, to no fewer than one per class; PILOT's images per split, to no
+fewer than one per class) and
 `make(..., classes=N)` keeps the first N classes (tiny archives for the tests).
 """
 
@@ -68,7 +78,14 @@ LAYOUTS = {
     "cifar100": (("cifar-100-python.tar.gz",), (50000, 10000), (32, 32), None),
     "clrs25": (("CLRS",), 600, (256, 256), None),
     "domainnet": (("domainnet",), None, None, 95),  # counts: domainnet.COUNTS, sizes below
+    # PILOT's folders: (train, test) images in all; the sides give ~94 / 255 / 74 / 48 KiB JPEGs
+    "imagenet_a": (("imagenet-a",), (5_981, 1_519), (250, 310), 95),
+    "objectnet": (("objectnet",), (26_509, 6_628), (420, 520), 95),
+    "omnibenchmark": (("omnibenchmark",), (89_697, 5_985), (210, 290), 95),
+    "vtab": (("vtab-cil",), (1_796, 8_619), (170, 230), 95),
 }
+PILOT = ("imagenet_a", "objectnet", "omnibenchmark", "vtab")
+PILOT_CLASSES = {"imagenet_a": 200, "objectnet": 200, "omnibenchmark": 300, "vtab": 50}
 # DomainNet: each domain zip's real size in GiB, which sets its images' mean size.
 DOMAINNET_GIB = {
     "clipart": 1.2,
@@ -98,6 +115,10 @@ def _labels(name: str) -> list[str]:
         return [f"{c + 1:03d}.Bird_{c + 1:03d}" for c in range(200)]
     if name == "clrs25":
         return list(CLRS_CLASSES)
+    if name in PILOT:
+        if name == "imagenet_a":
+            return _labels("imagenet_r")  # 200 ImageNet wnids, as ImageNet-A's folders
+        return fake_archives.pilot_class_names(PILOT_CLASSES[name])
     if name == "domainnet":
         return list(domainnet.CLASS_NAMES)
     return (tfds.core.tfds_path() / "image_classification/food-101_classes.txt").read_text().split()
@@ -281,6 +302,26 @@ def _domainnet(name, tmp, labels, scale, sides, quality, rng) -> int:
     return n
 
 
+def spread(n: int, classes: int) -> list[int]:
+    """`n` images over `classes` as evenly as can be (the first `n % classes` one more), at
+    least one each."""
+    return [max(1, n // classes + (c < n % classes)) for c in range(classes)]
+
+
+def _pilot(name, tmp, labels, per_split, sides, quality, rng) -> int:
+    """PILOT's `<root>/{train,test}/<class>/img_<i>.jpg` (VTAB's root `vtab-cil/vtab`), each
+    split's images spread evenly over the classes (the first ones one more), at least one each."""
+    shutil.rmtree(tmp[0], ignore_errors=True)
+    root = os.path.join(tmp[0], "vtab") if name == "vtab" else tmp[0]
+    counts = {s: spread(n, len(labels)) for s, n in zip(("train", "test"), per_split, strict=True)}
+    start = time.time()
+    n = fake_archives.write_pilot_folder(
+        root, labels, counts, lambda split, c, i: _jpeg(rng, _sides(rng, sides), quality)
+    )
+    _progress(name, n, start)
+    return n
+
+
 WRITERS = {
     "imagenet_r": _imagenet_r_or_food,
     "food101": _imagenet_r_or_food,
@@ -289,6 +330,7 @@ WRITERS = {
     "cifar100": _cifar,
     "clrs25": _clrs,
     "domainnet": _domainnet,
+    **dict.fromkeys(PILOT, _pilot),
 }
 
 
@@ -309,7 +351,7 @@ def make(name: str, out: str, scale: float = 1.0, seed: int = 0, classes: int | 
         return paths[0]
     if per_class is None:  # DomainNet: the writer scales its lists
         per_class = scale
-    elif isinstance(per_class, tuple):  # CIFAR: examples per split
+    elif isinstance(per_class, tuple):  # CIFAR and PILOT's folders: examples per split
         per_class = tuple(max(10, round(k * scale)) for k in per_class)
     else:
         per_class = max(4, round(per_class * scale))

@@ -238,6 +238,50 @@ def domainnet_checksums(directory, out) -> str:
     return checksums_tsv([os.path.join(directory, n) for n in names], out)
 
 
+# PILOT's folders: the wrapping directories of the unpacked download and the class count.
+PILOT_FOLDERS = {
+    "imagenet_a": ("imagenet-a", 200),
+    "objectnet": ("objectnet", 200),
+    "omnibenchmark": ("omnibenchmark", 300),
+    "vtab": ("vtab-cil/vtab", 50),
+}
+
+
+def pilot_class_names(classes: int) -> list[str]:
+    """Unpadded numbers, so sorted names ("10" < "2") differ from numeric order, as
+    `ImageFolder`'s sorted class folders may."""
+    return [str(c) for c in range(classes)]
+
+
+def write_pilot_folder(
+    root, class_names, counts: dict[str, list[int]], image=None, fmt: str = "jpeg"
+) -> int:
+    """`root/{train,test}/<class>/img_<i>.jpg` with `counts[split][c]` images in class c;
+    `image(split, c, i) -> bytes` (default: tiny random JPEGs). Returns the image count."""
+    image = image or (lambda split, c, i: _encode(1000 * c + 7 * i + len(split), fmt, size=8))
+    n = 0
+    for split, per_class in counts.items():
+        for c, label in enumerate(class_names):
+            os.makedirs(os.path.join(root, split, label))
+            for i in range(per_class[c]):
+                with open(os.path.join(root, split, label, f"img_{i}.jpg"), "wb") as f:
+                    f.write(image(split, c, i))
+                n += 1
+    return n
+
+
+def make_pilot(directory, name: str, train: int = 2, test: int = 1) -> list[str]:
+    """PILOT's unpacked folder of `name` (all its classes, `train`/`test` images each) under its
+    wrapping directories, plus a stray top-level file, as an unzipped download holds."""
+    wrapper, classes = PILOT_FOLDERS[name]
+    root = os.path.join(directory, wrapper)
+    counts = {"train": [train] * classes, "test": [test] * classes}
+    write_pilot_folder(root, pilot_class_names(classes), counts)
+    with open(os.path.join(root, "train", "0", "Thumbs.db"), "wb") as f:
+        f.write(b"not an image")  # left out, with a note
+    return [directory]
+
+
 MAKERS = {
     "imagenet_r": make_imagenet_r,
     "food101": make_food101,
@@ -245,6 +289,7 @@ MAKERS = {
     "cifar10": lambda d: make_cifar(d, "cifar10"),
     "cifar100": lambda d: make_cifar(d, "cifar100"),
     "clrs25": make_clrs,
+    **{name: (lambda d, name=name: make_pilot(d, name)) for name in PILOT_FOLDERS},
 }
 
 

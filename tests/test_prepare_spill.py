@@ -220,12 +220,13 @@ def test_interrupted_while_spilling_leaves_nothing(tmp_path, monkeypatch, no_ten
                 for split, n in zip(("train", "test"), counts, strict=True)
             },
         ),
+        ("vtab", {"train": 50, "test": 50}),  # all 50 classes (prepare checks them), 1 each
     ],
 )
 def test_rehearsal_scripts_on_tiny_synthetic_archives(tmp_path, name, records):
     """make_synthetic_archives' layouts are what prepare reads; bench_prepare measures it
     in a child where TensorFlow cannot be imported."""
-    classes = {"imagenet_r": 3, "clrs25": None}.get(name, 2)
+    classes = {"imagenet_r": 3, "clrs25": None, "vtab": None}.get(name, 2)
     make_synthetic_archives.make(name, str(tmp_path / "a"), scale=0.001, classes=classes)
     sources = [str(tmp_path / "a" / f) for f in bench_prepare.ARCHIVES[name]]
     result = bench_prepare.run_prepare(name, sources, str(tmp_path / "data"))

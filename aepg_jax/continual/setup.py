@@ -76,6 +76,7 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> RunData:
         len(ds.class_names),
         d.num_tasks,
         class_order_seed=d.class_order_seed,
+        class_order_rng=d.get("class_order_rng", "default"),
         label_noise=d.label_noise,
         noise_seed=d.noise_seed,
     )

@@ -4,8 +4,10 @@ and what the config checks, the caches, the trainers and the planner need to kno
 
 * `digits`: scikit-learn's 8x8 digits, offline (in its wheel); `name`, `data_dir` ignored.
 * `fashion_mnist`: Debian's `dataset-fashion-mnist` IDX files; `data_dir` = another IDX dir.
-* `folder`: `data_dir/<class>/*.jpg` (CLRS25, raw ImageNet-R); `name` labels the caches;
-  `split_file` (JSON train/test lists, e.g. ImageNet-R's from `aepg_jax.prepare`) fixes the split.
+* `folder`: `data_dir/<class>/*.jpg` (CLRS25, raw ImageNet-R) or `data_dir/{train,test}/<class>/*`
+  (PILOT's ImageNet-A, ObjectNet, OmniBenchmark, VTAB); `name` labels the caches and keys the
+  planner's sizes (`folder:<name>`); `split_file` (JSON train/test lists, e.g. ImageNet-R's from
+  `aepg_jax.prepare`) fixes the split.
 * `tfds`: TFDS `array_record` data (`name` in imagenet_r, food101, caltech_birds2011, cifar10,
   cifar100, fashion_mnist, domainnet: its six domains as one multi-domain dataset); `data_dir` =
   the TFDS data dir (default: TFDS's own).
@@ -96,6 +98,7 @@ REGISTRY: dict[str, SourceSpec] = {
             "folder",
             _folder,
             requires={"data_dir": "data.source=folder needs data.data_dir=<image folder root>."},
+            size_key=lambda d: f"folder:{d.name}" if d.name else "folder",
             takes_split_file=True,
             trainers=("continual",),
         ),

@@ -57,10 +57,23 @@ class ClassIncremental:
         return tuple(t.num_classes for t in self.tasks)
 
 
-def class_order(num_classes: int, seed: int | None = None) -> np.ndarray:
-    """Identity order, or a permutation of the classes drawn from `seed`."""
+CLASS_ORDER_RNGS = ("default", "numpy_legacy")
+
+
+def class_order(num_classes: int, seed: int | None = None, rng: str = "default") -> np.ndarray:
+    """Identity order, or a permutation of `range(num_classes)` drawn from `seed` by `rng`.
+
+    default: `np.random.default_rng(seed).permutation(n)` (PCG64). numpy_legacy: numpy's
+    Mersenne Twister, `np.random.seed(seed); np.random.permutation(n)` as PyCIL and PILOT draw
+    it (seed 1993 gives their published order), from a local `RandomState(seed)`: the same
+    stream, with numpy's global state left alone.
+    """
+    if rng not in CLASS_ORDER_RNGS:
+        raise ValueError(f"class_order_rng={rng!r} is unknown; use one of {CLASS_ORDER_RNGS}.")
     if seed is None:
         return np.arange(num_classes)
+    if rng == "numpy_legacy":
+        return np.random.RandomState(seed).permutation(num_classes)
     return np.random.default_rng(seed).permutation(num_classes)
 
 
@@ -96,6 +109,7 @@ def make_class_incremental(
     num_tasks: int,
     *,
     class_order_seed: int | None = None,
+    class_order_rng: str = "default",
     label_noise: float = 0.0,
     noise_seed: int = 0,
 ) -> ClassIncremental:
@@ -107,7 +121,7 @@ def make_class_incremental(
     for name, labels in (("train", train_labels), ("test", test_labels)):
         if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
             raise ValueError(f"{name} labels are not all in [0, {num_classes}).")
-    order = class_order(num_classes, class_order_seed)
+    order = class_order(num_classes, class_order_seed, class_order_rng)
     position = np.empty(num_classes, np.int64)
     position[order] = np.arange(num_classes)
     train = position[np.asarray(train_labels, np.int64)]

@@ -11,6 +11,10 @@
 | cifar10           | https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz (or -binary) |
 | cifar100          | https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz (or -binary) |
 | clrs25            | the unpacked CLRS folder (ROOT/<class>/*)                          |
+| imagenet_a        | PILOT's ina.zip unpacked: ROOT/{train,test}/<class>/*              |
+| objectnet         | PILOT's objnet.tgz unpacked: ROOT/{train,test}/<class>/*           |
+| omnibenchmark     | PILOT's omnibenchmark.zip unpacked: ROOT/{train,test}/<class>/*    |
+| vtab              | PILOT's vtab.zip unpacked: vtab-cil/vtab/{train,test}/<class>/*    |
 | domainnet         | the folder holding the six <domain>.zip and twelve                 |
 |                   | <domain>_{train,test}.txt of the cleaned release:                  |
 |                   | http://ai.bu.edu/M3SDA/ (domains: clipart infograph painting       |
@@ -19,9 +23,11 @@
 The TFDS datasets are written as TFDS `array_record` in `DIR/NAME/<version>/`, the records
 those of `tfds build NAME --file_format=array_record` in the same order (see builders.py);
 pass `--config.data.data_dir=DIR`. ImageNet-R also gets `DIR/imagenet_r/0.2.0/l2p_split.json`
-(L2P's train/test lists) for `data.source=folder` + `data.split_file`. CLRS25 goes to
-`DIR/clrs25` (pass that as `data.data_dir`). DomainNet is written as the six TFDS configs
-`DIR/domainnet/<domain>/1.0.0/` that `tfds build domainnet --file_format=array_record` writes.
+(L2P's train/test lists) for `data.source=folder` + `data.split_file`. The image folders
+(CLRS25, PILOT's four) go to `DIR/<name>` (pass that as `data.data_dir` with
+`data.source=folder`; docs/data.md links PILOT's downloads). DomainNet is written as the six
+TFDS configs `DIR/domainnet/<domain>/1.0.0/` that `tfds build domainnet
+--file_format=array_record` writes.
 
 Each archive's size and sha256 are checked first (TFDS's values; Keras's for CIFAR's python
 tarballs; none are published for DomainNet's 18 files); `--checksums=TSV` (lines `filename
@@ -128,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         "--source",
         action="append",
         required=True,
-        help="a downloaded archive (repeat for CUB's two files), or CLRS25's folder, or the "
-        "folder of DomainNet's 18 files",
+        help="a downloaded archive (repeat for CUB's two files), an image folder (CLRS25, "
+        "PILOT's), or the folder of DomainNet's 18 files",
     )
     parser.add_argument("--data_dir", required=True, help="where the prepared dataset goes")
     parser.add_argument("--checksums", help="TSV of `filename size sha256` replacing ours")
