@@ -1,19 +1,24 @@
 r"""PILOT's benchmarks: ImageNet-A, ObjectNet, OmniBenchmark, VTAB as image folders, ViT-B/16.
 
-LAMDA-PILOT's (and APER's) class-incremental splits, B0 (no larger first task):
+The class-incremental splits of the PILOT group's published tables (EASE, CVPR 2024, Table 1,
+whose L2P / DualPrompt / CODA-Prompt cells `aepg_jax/experiments/baselines.py` holds), B0 (no
+larger first task):
 
   dataset        classes  per task  tasks
   imagenet_a     200      20        10     (B0-Inc20)
-  objectnet      200      20        10     (Inc20)
-  omnibenchmark  300      30        10     (Inc30)
-  vtab           50       10        5      (Inc10)
+  objectnet      200      10        20     (B0-Inc10, as EASE's and APER's configs; tasks=10
+                                           gives Inc20)
+  omnibenchmark  300      30        10     (B0-Inc30)
+  vtab           50       10        5      (B0-Inc10)
 
 Arguments (`configs/pilot.py:key=value,...`, defaults in brackets):
   dataset [imagenet_a]  imagenet_a | objectnet | omnibenchmark | vtab
-  shuffle [True]    True: the class order of PILOT's L2P / DualPrompt runs, seed 1993 drawn as
-                    numpy's legacy `np.random.seed(1993); np.random.permutation`
+  tasks [the table's]  tasks the classes are cut into
+  shuffle [True]    True: the class order of EASE's table (every method, every dataset), seed
+                    1993 drawn as numpy's legacy `np.random.seed(1993); np.random.permutation`
                     (`data.class_order_seed=1993`, `data.class_order_rng=numpy_legacy`) |
-                    False: the identity order (PILOT's CODA-Prompt runs, `shuffle: false`)
+                    False: the identity order (PILOT's own CODA-Prompt config and APER's VTAB
+                    configs set `shuffle: false`)
   peft [lora] / method [lae] / loss [aepg] / seed [0] / schedule / tau / alpha / gamma /
   smoothing / beta / noise / settings [reference] / weights [None]
                     as in configs/imagenet_r.py (configs/README.md, "argument" table)
@@ -41,13 +46,18 @@ One of them:
 
 from aepg_jax.config import arguments
 
-DATASETS = {"imagenet_a": 10, "objectnet": 10, "omnibenchmark": 10, "vtab": 5}  # -> tasks
+DATASETS = {"imagenet_a": 10, "objectnet": 20, "omnibenchmark": 10, "vtab": 5}  # -> tasks
 CLASS_ORDER_SEED = 1993  # PILOT's (PyCIL's, iCaRL's) seed of the class order
 
 
 def get_config(arg=None):
     a = arguments.parse_arg(
-        arg, dataset="imagenet_a", shuffle=True, weights=(None, str), **arguments.PAPER_ARGS
+        arg,
+        dataset="imagenet_a",
+        tasks=(None, int),
+        shuffle=True,
+        weights=(None, str),
+        **arguments.PAPER_ARGS,
     )
     if a.dataset not in DATASETS:
         raise ValueError(f"dataset={a.dataset!r} is unknown; use one of {', '.join(DATASETS)}.")
@@ -56,7 +66,7 @@ def get_config(arg=None):
         arguments.use_weights(c, a.weights)
     c.data.source = "folder"
     c.data.name = a.dataset
-    c.data.num_tasks = DATASETS[a.dataset]
+    c.data.num_tasks = DATASETS[a.dataset] if a.tasks is None else a.tasks
     if a.shuffle:
         c.data.class_order_seed = CLASS_ORDER_SEED
         c.data.class_order_rng = "numpy_legacy"

@@ -70,7 +70,7 @@ def test_every_cell_selects_runs_and_published_values_parse(name):
 
 def test_settings_follow_each_benchmark():
     """CIFAR-100 runs 20 epochs and DomainNet 5 (the papers' code); PILOT's CODA-Prompt runs
-    in the identity class order, its L2P and DualPrompt in seed 1993's legacy-numpy order."""
+    every method in seed 1993's legacy-numpy class order (EASE's table, whose cells it holds)."""
     epochs = {}
     for run in registry.get("coda_prompt").runs() + registry.get("inflora").runs():
         unit = layout.Unit((run,))
@@ -79,9 +79,11 @@ def test_settings_follow_each_benchmark():
     assert epochs == {"imagenet_r": {50}, "cifar100": {20}, "domainnet": {5}}
     for run in registry.get("pilot").runs():
         cfg = build("pilot.py", run.arg)
-        shuffled = run.value("method") != "coda_prompt"
-        assert cfg.data.class_order_seed == (1993 if shuffled else None)
-        assert cfg.data.class_order_rng == ("numpy_legacy" if shuffled else "default")
+        assert cfg.data.class_order_seed == 1993
+        assert cfg.data.class_order_rng == "numpy_legacy"
+        assert cfg.data.num_tasks == {"imagenet_a": 10, "objectnet": 20}.get(
+            run.value("dataset"), cfg.data.num_tasks
+        )
 
 
 def test_inflora_published_rows_hold_an_average_above_the_final_accuracy():
@@ -126,7 +128,7 @@ def test_config_arguments_reach_their_fields():
     assert (cls.data.scenario, cls.data.num_tasks) == ("class", 5)
     assert (dom.data.scenario, dom.data.num_tasks) == ("domain", 6)
     assert build("domainnet.py", "tasks=3").data.num_tasks == 3
-    for dataset, tasks in (("imagenet_a", 10), ("objectnet", 10), ("omnibenchmark", 10),
+    for dataset, tasks in (("imagenet_a", 10), ("objectnet", 20), ("omnibenchmark", 10),
                            ("vtab", 5)):  # fmt: skip
         cfg = build("pilot.py", f"dataset={dataset}")
         assert (cfg.data.name, cfg.data.num_tasks, cfg.data.source) == (dataset, tasks, "folder")

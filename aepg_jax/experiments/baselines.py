@@ -134,8 +134,9 @@ CODA = Experiment(
 #   2024), Table 1, "FAA" of L2P++, DualPrompt, CODA-P [CVPR23] (file id 58056763138; its CAA
 #   column is not CODA-Prompt's metric and is not used).
 # Check against arXiv 2211.13218 before quoting. Empty: every F_N, and all of Table 2 (CIFAR-100,
-# DomainNet): the only copies found were unattributed summaries, not a paper's table. The number of repeats behind the paper's ± could not be read; the
-# grids run seeds 0-4 (the code's experiment scripts set REPEAT=1).
+# DomainNet): the only copies found were unattributed summaries, not a paper's table. The number
+# of repeats behind the paper's ± could not be read; the grids run seeds 0-4 (the code's
+# experiment scripts set REPEAT=1).
 
 
 # -------------------------------------------------------------------------------- InfLoRA
@@ -237,9 +238,10 @@ INFLORA = Experiment(
 # (CODA-P's reference settings; PILOT's cosine is per epoch without CODA's one-epoch lag, a
 # difference not reproduced). PILOT's L2P is the original prompt-tuning L2P (5-token prompts in
 # the input sequence); ours is L2P++ (prefix prompts) with PILOT's pool, top-k and optimiser.
-# Class order: seed 1993 (numpy legacy) for L2P and DualPrompt (`shuffle: true`), the identity
-# for CODA-Prompt (`shuffle: false`). Backbone: timm's vit_base_patch16_224 (IN-21K, ft
-# IN-1K), the same weights as the augreg checkpoint of configs/README.md.
+# Class order: seed 1993 (numpy legacy) for every method, as EASE's table (whose cells these
+# are) draws it; PILOT's own CODA-Prompt config sets `shuffle: false`. Backbone: timm's
+# vit_base_patch16_224 (IN-21K, ft IN-1K), the same weights as the augreg checkpoint of
+# configs/README.md.
 PILOT_L2P: Overrides = (
     ("optim.learning_rate", "0.001875"),
     ("optim.batch_size", "32"),
@@ -259,23 +261,23 @@ PILOT_DUALPROMPT: Overrides = (
     ("method.dualprompt_e_length", "5"),
     ("method.dualprompt_pull_weight", "0.1"),
 )
-PILOT_DATASETS = (("imagenet_a", "ImageNet-A", 10), ("objectnet", "ObjectNet", 10),
+PILOT_DATASETS = (("imagenet_a", "ImageNet-A", 10), ("objectnet", "ObjectNet", 20),
                   ("omnibenchmark", "OmniBenchmark", 10), ("vtab", "VTAB", 5))  # fmt: skip
 _DATASETS_ARG = "dataset=" + "/".join(d for d, _, _ in PILOT_DATASETS)
 PILOT_GRIDS = (
     Grid(PILOT, f"{_DATASETS_ARG},method=l2p,loss=ce,{SEEDS5}", "PILOT, L2P", False, PILOT_L2P),
     Grid(PILOT, f"{_DATASETS_ARG},method=dualprompt,loss=ce,{SEEDS5}", "PILOT, DualPrompt",
          False, PILOT_DUALPROMPT),
-    Grid(PILOT, f"{_DATASETS_ARG},shuffle=false,method=coda_prompt,loss=ce,{SEEDS5}",
+    Grid(PILOT, f"{_DATASETS_ARG},method=coda_prompt,loss=ce,{SEEDS5}",
          "PILOT, CODA-Prompt", False),
 )  # fmt: skip
 PILOT_METRICS = (("avg_inc_acc", "bar-A"), ("A_T", "A_B"))
 PILOT_ROWS = (("l2p", "L2P"), ("dualprompt", "DualPrompt"), ("coda_prompt", "CODA-Prompt"))
 # Published cells, per dataset bar-A then A_B, in PILOT_DATASETS' order (sources after PILOT).
 PILOT_T = {
-    "l2p": ("49.39", "41.71", "", "", "73.36", "64.69", "77.11", "77.10"),
-    "dualprompt": ("53.71", "41.67", "", "", "73.92", "65.52", "83.36", "81.23"),
-    "coda_prompt": ("53.54", "42.73", "", "", "77.03", "68.09", "83.90", "83.02"),
+    "l2p": ("49.39", "41.71", "63.78", "52.19", "73.36", "64.69", "77.11", "77.10"),
+    "dualprompt": ("53.71", "41.67", "59.27", "49.33", "73.92", "65.52", "83.36", "81.23"),
+    "coda_prompt": ("53.54", "42.73", "66.07", "53.29", "77.03", "68.09", "83.90", "83.02"),
 }
 PILOT_EXPERIMENT = Experiment(
     "pilot",
@@ -296,8 +298,9 @@ PILOT_EXPERIMENT = Experiment(
 # first page only. The cells are the same group's EASE (Zhou, Sun, Ye, Zhan, CVPR 2024), Table 1
 # (ViT-B/16-IN21K, no exemplars, "all compared methods with their source code"; one number per
 # cell, no ±), read in a Markdown conversion of the paper in the public-code index (file id
-# 67142259403): IN-A B0 Inc20, OmniBench B0 Inc30 and VTAB B0 Inc10 are these splits. ObjectNet
-# stays empty: EASE's table has ObjNet B0 Inc10 (20 tasks), not this 10-task split.
+# 67142259403): IN-A B0 Inc20, ObjNet B0 Inc10 (20 tasks), OmniBench B0 Inc30 and VTAB B0 Inc10
+# are these splits; EASE shuffles every method's classes with seed 1993 (its Sec. 5.1), as the
+# grids do (configs/pilot.py shuffle=True).
 # The splits are 20 / 20 / 30 / 10 classes per task (configs/pilot.py); the class counts are those
 # of the repository's utils/data.py, the increments those its benchmarks' authors state (the
 # repository's exps/ hold no config of these four datasets). PILOT reports one run (seed 1993
