@@ -15,7 +15,8 @@
                        `log_every_steps`, checkpoints every `checkpoint_every_steps`, a stop at
                        the first non-finite loss
         end_task       the method's end hook (e.g. LAE's offline copy after task 0)
-        evaluate       every seen task's test set, task-agnostic (docs/algorithm.md §4)
+        evaluate       every seen task's test set, task-agnostic and, in the same pass, with the
+                       task given (argmax over its own classes; docs/algorithm.md §4)
         record         the eval records and A_t, then a checkpoint of phase `task_done`
       report           results.json and plots per seed, the seeds' summary, the terminal table
 
