@@ -11,6 +11,7 @@ import pytest
 
 from aepg_jax.continual import metrics, steps
 from aepg_jax.continual import results as results_lib
+from aepg_jax.experiments import layout
 from aepg_jax.methods import TaskSpec
 from aepg_jax.runs import records
 
@@ -159,6 +160,9 @@ def test_results_class_order_seeds_summary_and_tables():
     assert all(type(c) is int for c in res["class_order"])
     for key in ("bwt", "forgetting_stepwise", "task_incremental_A_T", "old_new_accuracy"):
         assert res[key] == res["methods"]["model"][key]
+    # An experiment's table column reads any of them from a run's results.json.
+    assert layout.metric(res, "task_incremental_A_T") == pytest.approx(215 / 3)
+    assert layout.metric(res, "forgetting_stepwise") == pytest.approx(15.0)
     table = results_lib.final_table(json.loads(json.dumps(res)))
     for text in ("TI A_T (%)", "71.67", "-25.00", "15.00", "53.33", "40.00"):
         assert text in table
