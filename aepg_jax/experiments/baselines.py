@@ -76,7 +76,8 @@ CODA_GRIDS = (
     *_coda_grids(CIFAR, "tasks=10", 20, "CODA-Prompt Table 2, CIFAR-100"),
     *_coda_grids(DOMAINNET, "scenario=class", 5, "CODA-Prompt Table 2, DomainNet"),
 )
-CODA_METRICS = (("A_T", "A_{t}"), ("forgetting", "F_{t}"))
+# F_N as CODA-Prompt's code computes it (its utils/calc_forgetting.py: docs/algorithm.md §4).
+CODA_METRICS = (("A_T", "A_{t}"), ("forgetting_stepwise", "F_{t}"))
 
 
 # Published cells (`""`: not read), each table's sources in the comment after `CODA`.
