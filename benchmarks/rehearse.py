@@ -3,8 +3,9 @@
     python benchmarks/rehearse.py imagenet_r --archives=/work/rehearsal/archives \
         --root=/work/rehearsal [--skip_prepare] [--fresh_cache] [--steps=2] [--epochs=2]
 
-For each dataset NAME (imagenet_r, food101, caltech_birds2011, cifar10, cifar100, clrs25; the
-files of `benchmarks/make_synthetic_archives.py`): checks the archive(s) against
+For each dataset NAME (imagenet_r, food101, caltech_birds2011, cifar10, cifar100, clrs25,
+domainnet, imagenet_a, objectnet, omnibenchmark, vtab; the files of
+`benchmarks/make_synthetic_archives.py`): checks the archive(s) against
 `<first archive>.checksums.tsv` (size and sha256; CLRS25's folder has no digest and is only
 measured), prepares it with `python -m aepg_jax.prepare` in a TensorFlow-free child
 (`bench_prepare.run_prepare`; `--skip_prepare` reuses `ROOT/prepared/NAME` and reports its
@@ -42,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_prepare
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PILOT = ("imagenet_a", "objectnet", "omnibenchmark", "vtab")
 CONFIGS = {
     "imagenet_r": "configs/imagenet_r.py:tasks=10,method=lae",
     "food101": "configs/food101.py:method=lae",
@@ -49,12 +51,14 @@ CONFIGS = {
     "cifar10": "configs/cifar_scratch.py:dataset=cifar10,model=resnet_small",
     "cifar100": "configs/cifar_scratch.py:dataset=cifar100,model=resnet_small",
     "clrs25": "configs/clrs25.py:method=lae",
+    "domainnet": "configs/domainnet.py:method=lae",
+    **{n: f"configs/pilot.py:dataset={n},method=lae" for n in PILOT},
 }
 # The from-scratch trainer (CIFAR): `--epochs` epochs of `--steps` steps, each followed by the
 # evaluation of the whole test split and a checkpoint; the narrow ResNet is in CONFIGS.
 SCRATCH = ("cifar10", "cifar100")
 # Image folders: prepared into `prepared/NAME`, which is the run's data_dir.
-FOLDERS = ("clrs25",)
+FOLDERS = ("clrs25", *PILOT)
 # A narrow ViT with the paper's 5 PEFT blocks (0-4): the data path is full size, the model is not.
 NARROW = (
     "--config.model.init=random",
