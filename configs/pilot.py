@@ -14,11 +14,11 @@ larger first task):
 Arguments (`configs/pilot.py:key=value,...`, defaults in brackets):
   dataset [imagenet_a]  imagenet_a | objectnet | omnibenchmark | vtab
   tasks [the table's]  tasks the classes are cut into
-  shuffle [True]    True: the class order of EASE's table (every method, every dataset), seed
-                    1993 drawn as numpy's legacy `np.random.seed(1993); np.random.permutation`
-                    (`data.class_order_seed=1993`, `data.class_order_rng=numpy_legacy`) |
-                    False: the identity order (PILOT's own CODA-Prompt config and APER's VTAB
-                    configs set `shuffle: false`)
+  shuffle [True; False for vtab]  True: seed 1993's class order, drawn as numpy's legacy
+                    `np.random.seed(1993); np.random.permutation` (`data.class_order_seed=1993`,
+                    `data.class_order_rng=numpy_legacy`), which EASE's table says every method
+                    ran in | False: the identity order (EASE's and APER's VTAB configs set
+                    `shuffle: false`, VTAB's five source datasets in folder order)
   peft [lora] / method [lae] / loss [aepg] / seed [0] / schedule / tau / alpha / gamma /
   smoothing / beta / noise / settings [reference] / weights [None]
                     as in configs/imagenet_r.py (configs/README.md, "argument" table)
@@ -55,7 +55,7 @@ def get_config(arg=None):
         arg,
         dataset="imagenet_a",
         tasks=(None, int),
-        shuffle=True,
+        shuffle=(None, bool),
         weights=(None, str),
         **arguments.PAPER_ARGS,
     )
@@ -67,7 +67,7 @@ def get_config(arg=None):
     c.data.source = "folder"
     c.data.name = a.dataset
     c.data.num_tasks = DATASETS[a.dataset] if a.tasks is None else a.tasks
-    if a.shuffle:
+    if a.dataset != "vtab" if a.shuffle is None else a.shuffle:
         c.data.class_order_seed = CLASS_ORDER_SEED
         c.data.class_order_rng = "numpy_legacy"
     # DualPrompt trains slot t in task t: its pool (10, the reference's) needs a slot per task.

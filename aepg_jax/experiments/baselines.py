@@ -239,8 +239,9 @@ INFLORA = Experiment(
 # (CODA-P's reference settings; PILOT's cosine is per epoch without CODA's one-epoch lag, a
 # difference not reproduced). PILOT's L2P is the original prompt-tuning L2P (5-token prompts in
 # the input sequence); ours is L2P++ (prefix prompts) with PILOT's pool, top-k and optimiser.
-# Class order: seed 1993 (numpy legacy) for every method, as EASE's table (whose cells these
-# are) draws it; PILOT's own CODA-Prompt config sets `shuffle: false`. Backbone: timm's
+# Class order: seed 1993 (numpy legacy) for every method, as EASE's text says its table (whose
+# cells these are) ran, except VTAB in the identity order (EASE's and APER's VTAB configs set
+# `shuffle: false`); PILOT's own CODA-Prompt config sets `shuffle: false`. Backbone: timm's
 # vit_base_patch16_224 (IN-21K, ft IN-1K), the same weights as the augreg checkpoint of
 # configs/README.md.
 PILOT_L2P: Overrides = (
@@ -301,7 +302,7 @@ PILOT_EXPERIMENT = Experiment(
 # cell, no ±), read in a Markdown conversion of the paper in the public-code index (file id
 # 67142259403): IN-A B0 Inc20, ObjNet B0 Inc10 (20 tasks), OmniBench B0 Inc30 and VTAB B0 Inc10
 # are these splits; EASE shuffles every method's classes with seed 1993 (its Sec. 5.1), as the
-# grids do (configs/pilot.py shuffle=True).
+# grids do (configs/pilot.py's default; VTAB in the identity order of its configs).
 # The splits are 20 / 20 / 30 / 10 classes per task (configs/pilot.py); the class counts are those
 # of the repository's utils/data.py, the increments those its benchmarks' authors state (the
 # repository's exps/ hold no config of these four datasets). PILOT reports one run (seed 1993
