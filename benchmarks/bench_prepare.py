@@ -19,8 +19,8 @@ import sys
 import threading
 import time
 
-# name -> its download(s) (`--source` each; `<first>.checksums.tsv` lists them all); CLRS25's
-# is the unpacked folder.
+# name -> its download(s) (`--source` each; `<first>.checksums.tsv` lists them all); those of
+# the image folders (CLRS25, PILOT's four) are the unpacked folder.
 ARCHIVES = {
     "imagenet_r": ("imagenet-r.tar",),
     "food101": ("food-101.tar.gz",),
@@ -28,6 +28,11 @@ ARCHIVES = {
     "cifar10": ("cifar-10-python.tar.gz",),
     "cifar100": ("cifar-100-python.tar.gz",),
     "clrs25": ("CLRS",),
+    "imagenet_a": ("imagenet-a",),
+    "objectnet": ("objectnet",),
+    "omnibenchmark": ("omnibenchmark",),
+    "vtab": ("vtab-cil",),
+    "domainnet": ("domainnet",),  # the folder of its six zips and twelve lists
 }
 # Run in the child: tensorflow is not importable, then `python -m aepg_jax.prepare ARGS`.
 CHILD = f"""
@@ -93,9 +98,21 @@ def run_prepare(name: str, archive: str | list[str], data_dir: str, *, force: bo
 
 
 def _count(prepared: str) -> dict[str, int]:
-    """Records per split (TFDS's dataset_info.json), or images of an image folder (CLRS25)."""
-    entries = [v for v in os.listdir(prepared) if not v.startswith(".")]
-    if not os.path.exists(os.path.join(prepared, entries[0], "dataset_info.json")):
+    """Records per split (TFDS's dataset_info.json; `<config>/<split>` for a dataset of
+    configs, DomainNet's domains), or images of an image folder (CLRS25; per split for PILOT's
+    `train/` and `test/`)."""
+    entries = sorted(v for v in os.listdir(prepared) if not v.startswith("."))
+    if entries == ["test", "train"]:
+        return {s: _count(os.path.join(prepared, s))["images"] for s in ("train", "test")}
+    first = os.path.join(prepared, entries[0])
+    configs = [os.path.join(first, v) for v in os.listdir(first)]
+    if all(os.path.exists(os.path.join(c, "dataset_info.json")) for c in configs):
+        return {
+            f"{config}/{split}": n
+            for config in entries
+            for split, n in _count(os.path.join(prepared, config)).items()
+        }
+    if not os.path.exists(os.path.join(first, "dataset_info.json")):
         return {"images": sum(len(os.listdir(os.path.join(prepared, c))) for c in entries)}
     (version,) = entries
     with open(os.path.join(prepared, version, "dataset_info.json")) as f:

@@ -3,8 +3,9 @@
     python benchmarks/rehearse.py imagenet_r --archives=/work/rehearsal/archives \
         --root=/work/rehearsal [--skip_prepare] [--fresh_cache] [--steps=2] [--epochs=2]
 
-For each dataset NAME (imagenet_r, food101, caltech_birds2011, cifar10, cifar100, clrs25; the
-files of `benchmarks/make_synthetic_archives.py`): checks the archive(s) against
+For each dataset NAME (imagenet_r, food101, caltech_birds2011, cifar10, cifar100, clrs25,
+domainnet, imagenet_a, objectnet, omnibenchmark, vtab; the files of
+`benchmarks/make_synthetic_archives.py`): checks the archive(s) against
 `<first archive>.checksums.tsv` (size and sha256; CLRS25's folder has no digest and is only
 measured), prepares it with `python -m aepg_jax.prepare` in a TensorFlow-free child
 (`bench_prepare.run_prepare`; `--skip_prepare` reuses `ROOT/prepared/NAME` and reports its
@@ -20,7 +21,8 @@ check, training, evaluation, checkpoint per task); this process samples the chil
 anonymous RSS (`/proc/<pid>/status` VmRSS, RssAnon) every `--interval` s. Per phase: wall time,
 peak RSS, disk added (cache dir + workdir); per task: RSS and anonymous RSS when its evaluation
 ends. Further `--config.*` flags go to the run. Prints Markdown tables and writes
-`ROOT/rehearsal-NAME.json`. Cache and run directories live under ROOT (`ROOT/cache`,
+`ROOT/rehearsal-NAME[-TAG].json` (`--run_config=CONFIG` runs that config instead of the dataset's,
+with the continual limits). Cache and run directories live under ROOT (`ROOT/cache`,
 `ROOT/runs/NAME`), never in the repository.
 """
 
@@ -41,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_prepare
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PILOT = ("imagenet_a", "objectnet", "omnibenchmark", "vtab")
 CONFIGS = {
     "imagenet_r": "configs/imagenet_r.py:tasks=10,method=lae",
     "food101": "configs/food101.py:method=lae",
@@ -48,12 +51,14 @@ CONFIGS = {
     "cifar10": "configs/cifar_scratch.py:dataset=cifar10,model=resnet_small",
     "cifar100": "configs/cifar_scratch.py:dataset=cifar100,model=resnet_small",
     "clrs25": "configs/clrs25.py:method=lae",
+    "domainnet": "configs/domainnet.py:method=lae",
+    **{n: f"configs/pilot.py:dataset={n},method=lae" for n in PILOT},
 }
 # The from-scratch trainer (CIFAR): `--epochs` epochs of `--steps` steps, each followed by the
 # evaluation of the whole test split and a checkpoint; the narrow ResNet is in CONFIGS.
 SCRATCH = ("cifar10", "cifar100")
 # Image folders: prepared into `prepared/NAME`, which is the run's data_dir.
-FOLDERS = ("clrs25",)
+FOLDERS = ("clrs25", *PILOT)
 # A narrow ViT with the paper's 5 PEFT blocks (0-4): the data path is full size, the model is not.
 NARROW = (
     "--config.model.init=random",
@@ -147,10 +152,13 @@ def _status(pid: int) -> tuple[int, int] | None:
         return None
 
 
-def run_flags(name: str, root: str, steps: int, epochs: int) -> list[str]:
-    """The flags that make `name`'s paper config a rehearsal: narrow model, capped steps."""
+def run_flags(
+    name: str, root: str, steps: int, epochs: int, config: str | None = None
+) -> list[str]:
+    """The flags that make `name`'s paper config (or `config`) a rehearsal: narrow model,
+    capped steps."""
     data_dir = os.path.join(root, "prepared", *((name,) if name in FOLDERS else ()))
-    if name in SCRATCH:
+    if name in SCRATCH and config is None:
         limits = [
             f"--config.max_steps_per_epoch={steps}",
             f"--config.optim.epochs={epochs}",
@@ -158,7 +166,7 @@ def run_flags(name: str, root: str, steps: int, epochs: int) -> list[str]:
         ]
     else:
         limits = [*NARROW, f"--config.max_steps_per_task={steps}"]
-    return [f"--config={CONFIGS[name]}", *limits, f"--config.data.data_dir={data_dir}"]
+    return [f"--config={config or CONFIGS[name]}", *limits, f"--config.data.data_dir={data_dir}"]
 
 
 def run_config(name: str, root: str, flags: list[str], extra: list[str], interval: float) -> dict:
@@ -311,7 +319,7 @@ def rehearse(name: str, args: argparse.Namespace) -> dict:
             return {"dataset": name, "phases": rows, "run": None}
     if args.fresh_cache:
         shutil.rmtree(os.path.join(args.root, "cache", name), ignore_errors=True)
-    flags = run_flags(name, args.root, args.steps, args.epochs)
+    flags = run_flags(name, args.root, args.steps, args.epochs, args.run_config)
     run = run_config(name, args.root, flags, args.extra, args.interval)
     return {"dataset": name, "phases": rows + run.pop("phases"), "run": run}
 
@@ -381,6 +389,8 @@ def main() -> None:
     )
     parser.add_argument("--epochs", type=int, default=2, help="optim.epochs of the CIFAR runs")
     parser.add_argument("--interval", type=float, default=0.5, help="RSS sampling period (s)")
+    parser.add_argument("--run_config", help="run this --config instead of the dataset's")
+    parser.add_argument("--tag", default="", help="suffix of ROOT/rehearsal-NAME[-TAG].json")
     args, args.extra = parser.parse_known_args()
     unknown = sorted(set(args.names) - set(CONFIGS))
     if unknown:
@@ -398,7 +408,8 @@ def main() -> None:
     code = 0
     for name in args.names:
         result = rehearse(name, args)
-        with open(os.path.join(args.root, f"rehearsal-{name}.json"), "w") as f:
+        tag = f"-{args.tag}" if args.tag else ""
+        with open(os.path.join(args.root, f"rehearsal-{name}{tag}.json"), "w") as f:
             json.dump(result, f, indent=1)
         print(table(result), flush=True)
         code = code or int(result["run"] is None or result["run"]["exit"] != 0)

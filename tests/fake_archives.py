@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import tarfile
+import zipfile
 
 import numpy as np
 from PIL import Image
@@ -189,6 +190,98 @@ def make_clrs(directory, classes: int = 25, per_class: int = 5) -> list[str]:
     return [directory]
 
 
+# DomainNet label ids 0, 308 and 327 (TFDS's class names, numbered as the release's lists).
+DOMAINNET_CLASSES = ("aircraft_carrier", "The_Eiffel_Tower", "t-shirt")
+DOMAINNET_DOMAINS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
+
+
+def make_domainnet(
+    directory, classes: dict[str, int] | None = None, train: int = 2, test: int = 1
+) -> list[str]:
+    """`<domain>.zip` (`<domain>/<class>/<domain>_<c>_<i>.jpg`, quickdraw `<id>.png`, members
+    in another order than the lists, deflated) and `<domain>_{train,test}.txt` for the six
+    domains, `train` + `test` images per class (domain d has d % 2 more train images of the
+    first class); `classes`: name -> label (default: DOMAINNET_CLASSES with their TFDS ids).
+    Returns `[directory]`, the `--source`."""
+    if classes is None:
+        classes = dict(zip(DOMAINNET_CLASSES, (0, 308, 327), strict=True))
+    for d, domain in enumerate(DOMAINNET_DOMAINS):
+        lines = {"train": [], "test": []}
+        members = {}
+        for c, (name, label) in enumerate(classes.items()):
+            count = train + test + (d % 2 if c == 0 else 0)
+            for i in range(count):
+                if domain == "quickdraw":
+                    member = f"{domain}/{name}/{4_500_000 + 97 * c + i}.png"
+                    data = _encode(600 + 100 * d + 10 * c + i, "png", mode="L")
+                else:
+                    member = f"{domain}/{name}/{domain}_{label:03d}_{i:06d}.jpg"
+                    data = _encode(600 + 100 * d + 10 * c + i, "jpeg")
+                members[member] = data
+                lines["train" if i < count - test else "test"].append(f"{member} {label}")
+        with zipfile.ZipFile(os.path.join(directory, f"{domain}.zip"), "w") as zf:
+            for member in sorted(members, reverse=True):
+                zf.writestr(zipfile.ZipInfo(member), members[member], zipfile.ZIP_DEFLATED)
+        for split, listed in lines.items():
+            with open(os.path.join(directory, f"{domain}_{split}.txt"), "w", newline="") as f:
+                f.write("".join(f"{line}\n" for line in listed))
+    return [os.fspath(directory)]
+
+
+def domainnet_checksums(directory, out) -> str:
+    """The `--checksums` TSV of the 18 DomainNet files in `directory`."""
+    names = [
+        f
+        for domain in DOMAINNET_DOMAINS
+        for f in (f"{domain}.zip", f"{domain}_train.txt", f"{domain}_test.txt")
+    ]
+    return checksums_tsv([os.path.join(directory, n) for n in names], out)
+
+
+# PILOT's folders: the wrapping directories of the unpacked download and the class count.
+PILOT_FOLDERS = {
+    "imagenet_a": ("imagenet-a", 200),
+    "objectnet": ("objectnet", 200),
+    "omnibenchmark": ("omnibenchmark", 300),
+    "vtab": ("vtab-cil/vtab", 50),
+}
+
+
+def pilot_class_names(classes: int) -> list[str]:
+    """Unpadded numbers, so sorted names ("10" < "2") differ from numeric order, as
+    `ImageFolder`'s sorted class folders may."""
+    return [str(c) for c in range(classes)]
+
+
+def write_pilot_folder(
+    root, class_names, counts: dict[str, list[int]], image=None, fmt: str = "jpeg"
+) -> int:
+    """`root/{train,test}/<class>/img_<i>.jpg` with `counts[split][c]` images in class c;
+    `image(split, c, i) -> bytes` (default: tiny random JPEGs). Returns the image count."""
+    image = image or (lambda split, c, i: _encode(1000 * c + 7 * i + len(split), fmt, size=8))
+    n = 0
+    for split, per_class in counts.items():
+        for c, label in enumerate(class_names):
+            os.makedirs(os.path.join(root, split, label))
+            for i in range(per_class[c]):
+                with open(os.path.join(root, split, label, f"img_{i}.jpg"), "wb") as f:
+                    f.write(image(split, c, i))
+                n += 1
+    return n
+
+
+def make_pilot(directory, name: str, train: int = 2, test: int = 1) -> list[str]:
+    """PILOT's unpacked folder of `name` (all its classes, `train`/`test` images each) under its
+    wrapping directories, plus a stray top-level file, as an unzipped download holds."""
+    wrapper, classes = PILOT_FOLDERS[name]
+    root = os.path.join(directory, wrapper)
+    counts = {"train": [train] * classes, "test": [test] * classes}
+    write_pilot_folder(root, pilot_class_names(classes), counts)
+    with open(os.path.join(root, "train", "0", "Thumbs.db"), "wb") as f:
+        f.write(b"not an image")  # left out, with a note
+    return [directory]
+
+
 MAKERS = {
     "imagenet_r": make_imagenet_r,
     "food101": make_food101,
@@ -196,6 +289,7 @@ MAKERS = {
     "cifar10": lambda d: make_cifar(d, "cifar10"),
     "cifar100": lambda d: make_cifar(d, "cifar100"),
     "clrs25": make_clrs,
+    **{name: (lambda d, name=name: make_pilot(d, name)) for name in PILOT_FOLDERS},
 }
 
 

@@ -331,6 +331,10 @@ def test_default_config_runs_offline(tmp_path):
     cfg.max_steps_per_task = 2
     results = trainer.run(cfg, str(tmp_path / "run"))
     assert len(results["accuracy_matrix"]) == 2 and results["predictors"][0] == "ensemble"
+    # Task-incremental accuracy (argmax over the task's own classes) can only be higher.
+    ci, ti = results["accuracy_matrix"], results["task_incremental_matrix"]
+    assert all(ti[i][j] >= ci[i][j] for i in range(2) for j in range(i, 2))
+    assert results["class_order"] == list(range(10)) and results["bwt"] is not None
     # The pretrained backbone is cached and reused, not trained again.
     files = [f for f in os.listdir(cfg.pretrain.cache_dir) if f.endswith(".npz")]
     assert len(files) == 1

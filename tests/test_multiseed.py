@@ -114,7 +114,7 @@ def test_vmapped_run_resumes_from_its_last_task_checkpoint(tmp_path):
     (work / records.SEEDS_RESULTS_FILE).unlink()
     resumed = trainer.run(cfg, str(work))
     for p in full["predictors"]:
-        for k in ("A_T", "avg_inc_acc", "forgetting"):
+        for k in ("A_T", "avg_inc_acc", "forgetting", "task_incremental_A_T", "bwt"):
             assert resumed["metrics"][p][k]["values"] == pytest.approx(
                 full["metrics"][p][k]["values"], abs=1e-9
             )

@@ -265,3 +265,19 @@ def test_bf16_peft_gradients_are_all_reduced_in_float32(tmp_path, peft):
     assert r.returncode == 0, r.stderr
     kinds = r.stdout.strip().splitlines()[-1]
     assert "('all-reduce', 'f32')" in kinds and "bf16" not in kinds, kinds
+
+
+def test_pilot_folder_sizes_and_class_order_give_pilots_task_split(tmp_path):
+    """data.source=folder keyed by data.name: ImageNet-A's 200 classes in PILOT's 10 tasks, the
+    classes in PILOT's order (numpy_legacy, seed 1993)."""
+    from aepg_jax.config.schema import from_file
+    from aepg_jax.plan import shapes
+
+    cfg = from_file(str(ROOT / "configs/imagenet_r.py"), "tasks=10,method=lae")
+    cfg.data.source, cfg.data.name, cfg.data.data_dir = "folder", "imagenet_a", str(tmp_path)
+    cfg.data.class_order_seed, cfg.data.class_order_rng = 1993, "numpy_legacy"
+    data = shapes.run_data(cfg)
+    assert list(data.tasks.head_sizes) == [20] * 10
+    assert sum(len(t.train_indices) for t in data.tasks.tasks) == 5_981
+    assert sum(len(t.test_indices) for t in data.tasks.tasks) == 1_519
+    assert data.tasks.class_order[:4].tolist() == [168, 136, 51, 9]  # PILOT's logged order

@@ -25,7 +25,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import hashing, shuffle, writer
 
 from aepg_jax.prepare import __main__ as prepare_main
-from aepg_jax.prepare import shuffler
+from aepg_jax.prepare import domainnet, shuffler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_prepare
@@ -212,12 +212,21 @@ def test_interrupted_while_spilling_leaves_nothing(tmp_path, monkeypatch, no_ten
         ("cifar10", {"train": 50, "test": 10}),
         ("cifar100", {"train": 50, "test": 10}),
         ("clrs25", {"images": 100}),  # all 25 classes (prepare checks them), 4 each
+        (  # each list: its real line count x 0.001, at least one per class
+            "domainnet",
+            {
+                f"{domain}/{split}": max(2, round(n * 0.001))
+                for domain, counts in domainnet.COUNTS.items()
+                for split, n in zip(("train", "test"), counts, strict=True)
+            },
+        ),
+        ("vtab", {"train": 50, "test": 50}),  # all 50 classes (prepare checks them), 1 each
     ],
 )
 def test_rehearsal_scripts_on_tiny_synthetic_archives(tmp_path, name, records):
     """make_synthetic_archives' layouts are what prepare reads; bench_prepare measures it
     in a child where TensorFlow cannot be imported."""
-    classes = {"imagenet_r": 3, "clrs25": None}.get(name, 2)
+    classes = {"imagenet_r": 3, "clrs25": None, "vtab": None}.get(name, 2)
     make_synthetic_archives.make(name, str(tmp_path / "a"), scale=0.001, classes=classes)
     sources = [str(tmp_path / "a" / f) for f in bench_prepare.ARCHIVES[name]]
     result = bench_prepare.run_prepare(name, sources, str(tmp_path / "data"))

@@ -187,7 +187,8 @@ def test_the_registry_answers_what_code_outside_data_asks():
     assert datasets.run_name(block(source="tfds", name="cifar10"), cifar) == "cifar10"
     assert datasets.size_key(block(source="tfds", name="cifar10")) == "cifar10"
     assert datasets.size_key(block(source="fashion_mnist")) == "fashion_mnist"
-    assert datasets.size_key(block(source="folder", name="clrs25")) == "folder"
+    assert datasets.size_key(block(source="folder", name="clrs25")) == "folder:clrs25"
+    assert datasets.size_key(block(source="folder", name=None)) == "folder"
     train, test, classes = datasets.shipped_labels(block())
     np.testing.assert_array_equal(train, digits.train.labels)
     np.testing.assert_array_equal(test, digits.test.labels)

@@ -113,3 +113,64 @@ def test_a_task_without_test_examples_is_refused_in_one_line():
         setup._require_examples("toy", tasks, 2)
     assert "\n" not in str(err.value)
     setup._require_examples("toy", splits.make_class_incremental(train, train, 4, 2), 2)
+
+
+# The class order PILOT's data manager logs for seed 1993, as printed in the published logs of
+# github.com/zhoudw-zdw/RevisitingCIL (logs/simplecil/{imageneta,objectnet}: 200 classes;
+# logs/simplecil/omnibenchmark: 300 classes), which share that data manager.
+PILOT_ORDER_1993 = {
+    200: [168, 136, 51, 9, 183, 101, 171, 99, 42, 159, 191, 70, 16, 188, 27, 10, 175, 26],
+    300: [169, 221, 146, 296, 92, 229, 49, 70, 126, 77, 243, 57, 120, 223, 27, 217, 154, 8],
+}
+
+
+def _global_seed_permutation(seed, n):
+    """PILOT's own code, on numpy's global generator: `np.random.seed(s);
+    np.random.permutation(n)`; returns the order and whether `class_order` called in between
+    left the global state alone."""
+    np.random.seed(12345)  # noqa: NPY002 (the legacy global API under test)
+    before = np.random.get_state()  # noqa: NPY002
+    splits.class_order(n, seed, "numpy_legacy")
+    untouched = all(
+        np.array_equal(a, b)
+        for a, b in zip(before[1:3], np.random.get_state()[1:3], strict=True)  # noqa: NPY002
+    )
+    np.random.seed(seed)  # noqa: NPY002
+    return np.random.permutation(n), untouched  # noqa: NPY002
+
+
+@pytest.mark.parametrize("n", [7, 50, 200, 300])
+@pytest.mark.parametrize("seed", [0, 1993])
+def test_numpy_legacy_order_is_the_global_seed_permutation(n, seed):
+    """numpy_legacy = `np.random.seed(s); np.random.permutation(n)`, global state untouched."""
+    pilot, untouched = _global_seed_permutation(seed, n)
+    ours = splits.class_order(n, seed, "numpy_legacy")
+    assert untouched
+    np.testing.assert_array_equal(ours, pilot)
+    if seed == 1993 and n in PILOT_ORDER_1993:
+        assert ours[: len(PILOT_ORDER_1993[n])].tolist() == PILOT_ORDER_1993[n]
+
+
+def test_class_order_rng_default_is_unchanged_and_unknown_refused():
+    np.testing.assert_array_equal(
+        splits.class_order(200, 1993), np.random.default_rng(1993).permutation(200)
+    )
+    assert not np.array_equal(
+        splits.class_order(200, 1993), splits.class_order(200, 1993, "numpy_legacy")
+    )
+    np.testing.assert_array_equal(splits.class_order(5, None, "numpy_legacy"), np.arange(5))
+    with pytest.raises(ValueError, match="numpy_legacy"):
+        splits.class_order(5, 1, "mt")
+
+
+def test_numpy_legacy_relabels_as_pilot_maps_its_targets():
+    """PILOT: `order = np.random.permutation(n).tolist()`, new label = `order.index(y)`."""
+    train, test = _labels(200, 2), _labels(200, 1, seed=4)
+    ci = splits.make_class_incremental(
+        train, test, 200, 10, class_order_seed=1993, class_order_rng="numpy_legacy"
+    )
+    order = _global_seed_permutation(1993, 200)[0].tolist()
+    np.testing.assert_array_equal(ci.train_labels, [order.index(y) for y in train])
+    np.testing.assert_array_equal(ci.test_labels, [order.index(y) for y in test])
+    assert ci.tasks[0].original_classes.tolist() == order[:20]
+    assert ci.head_sizes == (20,) * 10

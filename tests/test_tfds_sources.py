@@ -69,8 +69,10 @@ def test_each_registered_dataset_loads_from_the_mock(name, valid_mock_bboxes):
     else:
         assert data.class_names == _tfds_names(name)
         assert num_classes == TFDS_DATASETS[name].num_classes
-        _check_split(data.train, num_classes, NUM_MOCK)
-        _check_split(data.test, num_classes, NUM_MOCK)
+        domains = TFDS_DATASETS[name].domains  # one config per domain, each mocked
+        assert data.domain_names == domains
+        _check_split(data.train, num_classes, NUM_MOCK * max(1, len(domains)))
+        _check_split(data.test, num_classes, NUM_MOCK * max(1, len(domains)))
 
 
 def test_imagenet_r_is_the_80_20_cut_of_the_whole_test_split():
@@ -173,7 +175,8 @@ def test_not_prepared_error_gives_the_build_command(tmp_path):
         assert command in message and command == prepare_command(name, tmp_path)
         assert "\n" not in message and f"is not prepared in {tmp_path}" in message
         assert f"(data.data_dir={tmp_path})" in message
-        assert f"python -m aepg_jax.prepare {name} --source=ARCHIVE" in message
+        source = "DIR" if TFDS_DATASETS[name].domains else "ARCHIVE"
+        assert f"python -m aepg_jax.prepare {name} --source={source}" in message
         assert "manual_dir" not in message
         assert isinstance(info.value, FileNotFoundError)
 

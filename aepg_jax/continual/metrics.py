@@ -1,14 +1,34 @@
-"""Class-incremental accuracy metrics (docs/algorithm.md §4), pure NumPy.
+"""Continual-learning accuracy metrics (docs/algorithm.md §4), pure NumPy.
 
 Notation (0-based): `T` tasks; accuracy matrix `a[i, j]` = accuracy on the test set of task `i`
 after learning task `j`, defined for `i <= j` (NaN above the diagonal's complement, `i > j`).
+`a` is class-incremental (argmax over every seen class, no task identity); the
+task-incremental matrix `a_TI[i, j]` is the same evaluation with the argmax over task `i`'s own
+classes only (its identity given), so `a_TI >= a` entrywise. Every function of `a` below
+applies to `a_TI` as well.
 
     * `A_t = mean_{i<=t} a[i, t]`               incremental accuracy (mean over seen tasks)
     * `avg_inc_acc = mean_t A_t`                the paper's A-tilde
-    * `f_i = max_{j<T-1} a[i, j] - a[i, T-1]`   forgetting of task `i < T-1`
+    * `f_i = max_{j<T-1} a[i, j] - a[i, T-1]`   forgetting of task `i < T-1`; `forgetting` is
+                                                `mean_i f_i` (Chaudhry et al. 2018, "Riemannian
+                                                Walk", as L2P and DualPrompt report it)
+    * `forgetting_stepwise = mean_{1<=j<T} mean_{i<j} (a[i, j-1] - a[i, j])`
+                                                the drop of the old tasks' accuracy across
+                                                learning task j, averaged over the old tasks,
+                                                then over j: CODA-Prompt's `calc_forgetting`
+                                                (utils/calc_forgetting.py of its official code)
+    * `bwt = mean_{i<T-1} (a[i, T-1] - a[i, i])`  backward transfer (Lopez-Paz & Ranzato 2017,
+                                                GEM): negative when learning later tasks hurts
     * `acc_pooled_t = sum_{i<=t} correct[i, t] / sum_{i<=t} total[i, t]`
                                                 LAE's "Acc": all seen test samples pooled, which
                                                 differs from `A_t` when tasks differ in size
+    * `old_t = sum_{i<t} correct[i, t] / sum_{i<t} total[i, t]`, `new_t = a[t, t]`
+                                                accuracy after task t on the old classes' test
+                                                samples pooled (PyCIL's / PILOT's "old") and on
+                                                the new task's; `old_0` is undefined
+
+All scalars over tasks are NaN (None in `summary`) where undefined: forgetting and bwt for
+T = 1, or any entry they need not evaluated.
 
 Accuracies are fractions in [0, 1] everywhere in this module except in `summary`, which reports
 percent (0-100) and JSON-ready `None` for values that are undefined or not yet evaluated.
@@ -17,7 +37,7 @@ percent (0-100) and JSON-ready `None` for values that are undefined or not yet e
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,9 +57,11 @@ class AccuracyTracker:
     """Accuracy matrices of one or more predictors, plus counts and per-evaluation entropies.
 
     For each predictor name: `accuracy[p]` (T, T) float64 in [0, 1], NaN where not evaluated;
-    `correct[p]`, `total[p]` (T, T) int64, 0 where not evaluated. `entropy` (T,) float64: the
-    mean predictive entropy after task j over all seen test samples (softmax over all seen
-    classes), NaN where not recorded.
+    `correct[p]`, `total[p]` (T, T) int64, 0 where not evaluated; `task_accuracy[p]` and
+    `task_correct[p]` the same for the task-incremental evaluation (argmax over the evaluated
+    task's own classes; same samples, so same `total`), NaN / 0 where not recorded. `entropy`
+    (T,) float64: the mean predictive entropy after task j over all seen test samples (softmax
+    over all seen classes), NaN where not recorded.
     """
 
     def __init__(self, num_tasks: int, predictors: Sequence[str]):
@@ -54,6 +76,8 @@ class AccuracyTracker:
         self.accuracy = {p: np.full(shape, np.nan) for p in predictors}
         self.correct = {p: np.zeros(shape, np.int64) for p in predictors}
         self.total = {p: np.zeros(shape, np.int64) for p in predictors}
+        self.task_accuracy = {p: np.full(shape, np.nan) for p in predictors}
+        self.task_correct = {p: np.zeros(shape, np.int64) for p in predictors}
         self.entropy = np.full((num_tasks,), np.nan)
 
     def matrix(self, predictor: str) -> np.ndarray:
@@ -62,12 +86,27 @@ class AccuracyTracker:
             raise KeyError(f"Unknown predictor {predictor!r}; expected one of {self.predictors}.")
         return self.accuracy[predictor]
 
+    def task_matrix(self, predictor: str) -> np.ndarray:
+        """The (T, T) task-incremental accuracy matrix of `predictor` (NaN where not recorded)."""
+        if predictor not in self.task_accuracy:
+            raise KeyError(f"Unknown predictor {predictor!r}; expected one of {self.predictors}.")
+        return self.task_accuracy[predictor]
+
     def _check_after_task(self, after_task: int) -> None:
         if not 0 <= after_task < self.num_tasks:
             raise ValueError(f"after_task must be in [0, {self.num_tasks}); got {after_task}.")
 
-    def record(self, after_task: int, predictor: str, task: int, correct: int, total: int) -> None:
-        """Stores `a[task, after_task] = correct / total` for `predictor` (overwrites)."""
+    def record(
+        self,
+        after_task: int,
+        predictor: str,
+        task: int,
+        correct: int,
+        total: int,
+        task_correct: int | None = None,
+    ) -> None:
+        """Stores `a[task, after_task] = correct / total` for `predictor` (overwrites), and
+        `a_TI[task, after_task] = task_correct / total` (not recorded when None)."""
         self._check_after_task(after_task)
         if predictor not in self.accuracy:
             raise KeyError(f"Unknown predictor {predictor!r}; expected one of {self.predictors}.")
@@ -78,9 +117,14 @@ class AccuracyTracker:
             )
         if total <= 0 or not 0 <= correct <= total:
             raise ValueError(f"Need 0 <= correct <= total and total > 0; got {correct}/{total}.")
+        if task_correct is not None and not 0 <= task_correct <= total:
+            raise ValueError(f"Need 0 <= task_correct <= total; got {task_correct}/{total}.")
         self.correct[predictor][task, after_task] = correct
         self.total[predictor][task, after_task] = total
         self.accuracy[predictor][task, after_task] = correct / total
+        own = task_correct is not None
+        self.task_correct[predictor][task, after_task] = task_correct if own else 0
+        self.task_accuracy[predictor][task, after_task] = task_correct / total if own else np.nan
 
     def record_entropy(self, after_task: int, value: float) -> None:
         """Stores the mean predictive entropy of the evaluation after task `after_task`."""
@@ -90,8 +134,8 @@ class AccuracyTracker:
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable state; NaN and unevaluated counts become None."""
 
-        def counts(p: str, m: np.ndarray) -> list[list[int | None]]:
-            seen = self.total[p] > 0
+        def counts(p: str, m: np.ndarray, seen: np.ndarray | None = None) -> list[list[int | None]]:
+            seen = self.total[p] > 0 if seen is None else seen
             return [
                 [int(v) if s else None for v, s in zip(r, sr, strict=True)]
                 for r, sr in zip(m, seen, strict=True)
@@ -103,18 +147,26 @@ class AccuracyTracker:
             "accuracy": {p: _to_json_matrix(self.accuracy[p]) for p in self.predictors},
             "correct": {p: counts(p, self.correct[p]) for p in self.predictors},
             "total": {p: counts(p, self.total[p]) for p in self.predictors},
+            "task_correct": {
+                p: counts(p, self.task_correct[p], np.isfinite(self.task_accuracy[p]))
+                for p in self.predictors
+            },
             "entropy": [_finite_or_none(v) for v in self.entropy],
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AccuracyTracker:
-        """Inverse of `to_dict`; accuracies are re-derived from the counts."""
+        """Inverse of `to_dict`; accuracies are re-derived from the counts. A dict without
+        `task_correct` leaves the task-incremental matrices unrecorded."""
         tracker = cls(d["num_tasks"], d["predictors"])
+        shape = (tracker.num_tasks, tracker.num_tasks)
         for p in tracker.predictors:
-            for i, (row_c, row_n) in enumerate(zip(d["correct"][p], d["total"][p], strict=True)):
-                for j, (c, n) in enumerate(zip(row_c, row_n, strict=True)):
+            own = (d.get("task_correct") or {}).get(p) or [[None] * shape[1]] * shape[0]
+            rows = zip(d["correct"][p], d["total"][p], own, strict=True)
+            for i, (row_c, row_n, row_o) in enumerate(rows):
+                for j, (c, n, o) in enumerate(zip(row_c, row_n, row_o, strict=True)):
                     if n is not None:
-                        tracker.record(j, p, i, int(c), int(n))
+                        tracker.record(j, p, i, int(c), int(n), None if o is None else int(o))
         tracker.entropy = np.array(
             [np.nan if v is None else v for v in d["entropy"]], dtype=np.float64
         )
@@ -159,6 +211,46 @@ def mean_forgetting(a: np.ndarray) -> float:
     return float(np.mean(f)) if f.size else math.nan
 
 
+def stepwise_forgetting(a: np.ndarray) -> np.ndarray:
+    """`d_j = mean_{i<j} (a[i, j-1] - a[i, j])` for 1 <= j < T, shape (T-1,); empty for T = 1:
+    how much learning task j lowered the accuracy of the tasks before it, on average."""
+    a = np.asarray(a, dtype=np.float64)
+    return np.array(
+        [np.mean(a[:j, j - 1] - a[:j, j]) for j in range(1, a.shape[1])], dtype=np.float64
+    )
+
+
+def mean_stepwise_forgetting(a: np.ndarray) -> float:
+    """`mean_j stepwise_forgetting(a)_j` (CODA-Prompt's forgetting); NaN for T = 1."""
+    d = stepwise_forgetting(a)
+    return float(np.mean(d)) if d.size else math.nan
+
+
+def backward_transfer(a: np.ndarray) -> float:
+    """`BWT = mean_{i<T-1} (a[i, T-1] - a[i, i])` (Lopez-Paz & Ranzato 2017); NaN for T = 1."""
+    a = np.asarray(a, dtype=np.float64)
+    last = a.shape[1] - 1
+    if last == 0:
+        return math.nan
+    return float(np.mean([a[i, last] - a[i, i] for i in range(last)]))
+
+
+def old_new_accuracy(correct: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """`(old_t, new_t)` per task t, shape (T, 2): `old_t = sum_{i<t} correct[i, t] / sum_{i<t}
+    total[i, t]` (the old classes' test samples pooled), `new_t = correct[t, t] / total[t, t]`;
+    NaN where no sample counts (always `old_0`, and tasks not evaluated)."""
+    correct = np.asarray(correct, dtype=np.float64)
+    total = np.asarray(total, dtype=np.float64)
+    out = np.full((total.shape[1], 2), np.nan)
+    for t in range(total.shape[1]):
+        n_old = np.sum(total[:t, t])
+        if n_old > 0:
+            out[t, 0] = np.sum(correct[:t, t]) / n_old
+        if total[t, t] > 0:
+            out[t, 1] = correct[t, t] / total[t, t]
+    return out
+
+
 def pooled_accuracy(correct: np.ndarray, total: np.ndarray, t: int) -> float:
     """`sum_{i<=t} correct[i, t] / sum_{i<=t} total[i, t]`; NaN if no sample was evaluated."""
     correct, total = np.asarray(correct), np.asarray(total)
@@ -188,24 +280,44 @@ def summary(tracker: AccuracyTracker, predictor: str) -> dict[str, Any]:
     Scalars are computed over the `n = tasks_evaluated` leading tasks evaluated so far, i.e. on
     `a[:n, :n]`; for a finished run n = T and they are the paper's metrics. Keys:
     `accuracy_matrix` (T x T, None for i > j or not evaluated), `A_t` and `acc_pooled` (length
-    T, None where not evaluated), `A_T` (= A at task n-1), `avg_inc_acc`, `forgetting` (mean,
-    None for n <= 1), `forgetting_per_task` (length n-1), `acc_pooled_T`, `tasks_evaluated`.
+    T, None where not evaluated), `A_T` (= A at task n-1), `avg_inc_acc`, `forgetting` (mean
+    `f_i`, None for n <= 1), `forgetting_per_task` (length n-1), `forgetting_stepwise`
+    (CODA-Prompt's, None for n <= 1), `bwt` (None for n <= 1), `acc_pooled_T`,
+    `old_new_accuracy` (length T, `[old_t, new_t]` per task, None where undefined),
+    `task_incremental_matrix`, `task_incremental_A_t`, `task_incremental_A_T` and
+    `task_incremental_avg_inc_acc` (the same on `a_TI`, None where not recorded),
+    `tasks_evaluated`.
     """
     a = tracker.accuracy[predictor]
     n = num_evaluated(a)
     a_t = incremental_accuracies(a)
-    pooled = pooled_accuracies(tracker.correct[predictor], tracker.total[predictor])
+    correct, total = tracker.correct[predictor], tracker.total[predictor]
+    pooled = pooled_accuracies(correct, total)
     sub = a[:n, :n]
+    a_ti = tracker.task_accuracy[predictor]
+    a_ti_t = incremental_accuracies(a_ti)
+
+    def pct(f: Callable[[], float]) -> float | None:
+        return _finite_or_none(f(), 100.0) if n else None  # nothing evaluated: undefined
+
+    old_new = old_new_accuracy(correct, total)
     return {
         "accuracy_matrix": _to_json_matrix(a, 100.0),
         "A_t": [_finite_or_none(v, 100.0) for v in a_t],
-        "A_T": _finite_or_none(a_t[n - 1], 100.0) if n else None,
-        "avg_inc_acc": _finite_or_none(np.mean(a_t[:n]), 100.0) if n else None,
-        "forgetting": _finite_or_none(mean_forgetting(sub), 100.0) if n else None,
+        "A_T": pct(lambda: a_t[n - 1]),
+        "avg_inc_acc": pct(lambda: np.mean(a_t[:n])),
+        "forgetting": pct(lambda: mean_forgetting(sub)),
         "forgetting_per_task": [_finite_or_none(v, 100.0) for v in forgetting(sub)] if n else [],
         "acc_pooled": [_finite_or_none(v, 100.0) for v in pooled],
-        "acc_pooled_T": _finite_or_none(pooled[n - 1], 100.0) if n else None,
+        "acc_pooled_T": pct(lambda: pooled[n - 1]),
         "tasks_evaluated": n,
+        "forgetting_stepwise": pct(lambda: mean_stepwise_forgetting(sub)),
+        "bwt": pct(lambda: backward_transfer(sub)),
+        "old_new_accuracy": [[_finite_or_none(v, 100.0) for v in pair] for pair in old_new],
+        "task_incremental_matrix": _to_json_matrix(a_ti, 100.0),
+        "task_incremental_A_t": [_finite_or_none(v, 100.0) for v in a_ti_t],
+        "task_incremental_A_T": pct(lambda: a_ti_t[n - 1]),
+        "task_incremental_avg_inc_acc": pct(lambda: np.mean(a_ti_t[:n])),
     }
 
 

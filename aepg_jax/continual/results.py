@@ -7,7 +7,10 @@ The driver writes these records to metrics.jsonl (accuracies and entropies as in
     * `"train"`: `task, step` (global optimizer step), `task_step, epoch, loss, alpha, entropy,
       lr, grad_norm, images_per_s, train_peft`
     * `"eval"`: `task` (evaluated after it), `step`, `accuracy` ({predictor: [acc of task i
-      for i <= task]} in %), `A_t`, `acc_pooled`, `entropy`
+      for i <= task]} in %), `A_t`, `acc_pooled`, `entropy`, `forgetting`, and (primary
+      predictor, as far as evaluated) `forgetting_stepwise`, `bwt`, `old_accuracy`,
+      `new_accuracy`, `task_incremental_A_t` and `task_incremental_accuracy` (as `accuracy`,
+      argmax over each task's own classes)
 
 `results.json` is the run's final record, assembled by `build_results` (see there for keys).
 
@@ -35,6 +38,13 @@ from aepg_jax.runs.records import to_jsonable
 from aepg_jax.system import environment
 
 SEED_METRICS = ("A_T", "avg_inc_acc", "forgetting", "acc_pooled_T")
+# Reported over seeds too, in a second table: the task-incremental and transfer figures.
+SEED_METRICS_MORE = (
+    "task_incremental_A_T",
+    "task_incremental_avg_inc_acc",
+    "bwt",
+    "forgetting_stepwise",
+)
 
 
 def build_results(
@@ -44,14 +54,18 @@ def build_results(
     seed: int,
     head_sizes: Sequence[int],
     provenance: Mapping[str, Any] | None = None,
+    class_order: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The results.json dict.
 
     Keys: `config`, `seed`, `num_tasks`, `head_sizes`, `predictors` (the first is the primary
     one), `methods` ({predictor: `metrics.summary`}), every key of the primary predictor's
     summary copied to the top level (`accuracy_matrix`, `A_t`, `A_T`, `avg_inc_acc`,
-    `forgetting`, `forgetting_per_task`, `acc_pooled`, `acc_pooled_T`, `tasks_evaluated`; %),
-    `entropy` (per evaluation, None where not recorded), `wall_time_s`, `tracker`
+    `forgetting`, `forgetting_per_task`, `acc_pooled`, `acc_pooled_T`, `tasks_evaluated`,
+    `forgetting_stepwise`, `bwt`, `old_new_accuracy`, `task_incremental_matrix`,
+    `task_incremental_A_t`, `task_incremental_A_T`, `task_incremental_avg_inc_acc`; %),
+    `class_order` (the original class ids in the order trained; only when given), `entropy`
+    (per evaluation, None where not recorded), `wall_time_s`, `tracker`
     (`AccuracyTracker.to_dict()`, enough to rebuild everything), and `provenance`'s keys
     (the driver's: `backbone_fingerprint`, `backbone_source`, `environment`).
     """
@@ -65,6 +79,7 @@ def build_results(
         "predictors": list(tracker.predictors),
         "methods": methods,
         **methods[primary],
+        **({} if class_order is None else {"class_order": [int(c) for c in class_order]}),
         "entropy": [None if not math.isfinite(v) else float(v) for v in tracker.entropy],
         "wall_time_s": float(wall_time_s),
         "tracker": tracker.to_dict(),
@@ -77,28 +92,45 @@ def seeds_summary(
 ) -> dict[str, Any]:
     """results_seeds.json of a multi-seed run (`records.seeds_summary`): mean +- std over seeds.
 
-    `metrics` is {predictor: {metric: {mean, std, values}}} for `SEED_METRICS`; besides it,
-    `predictors` and `accuracy_matrix_mean` (primary predictor, %).
+    `metrics` is {predictor: {metric: {mean, std, values}}} for `SEED_METRICS` and
+    `SEED_METRICS_MORE`; besides it, `predictors`, `accuracy_matrix_mean` and
+    `task_incremental_matrix_mean` (primary predictor, %), and `class_order` when every seed
+    has the same one.
     """
     predictors = list(per_seed[0]["predictors"])
     table = {
-        p: {k: records.mean_std([r["methods"][p].get(k) for r in per_seed]) for k in SEED_METRICS}
+        p: {
+            k: records.mean_std([r["methods"][p].get(k) for r in per_seed])
+            for k in SEED_METRICS + SEED_METRICS_MORE
+        }
         for p in predictors
     }
-    matrices = np.stack([metrics.as_float_array(r["accuracy_matrix"]) for r in per_seed])
-    with warnings.catch_warnings():  # entries no seed has (j < i) stay NaN without a warning
-        warnings.simplefilter("ignore", RuntimeWarning)
-        mean_matrix = np.nanmean(matrices, axis=0)
+    orders = [r.get("class_order") for r in per_seed]
+    same_order = orders[0] is not None and all(o == orders[0] for o in orders)
     return records.seeds_summary(
         per_seed,
         config,
         wall_time_s,
         table,
         predictors=predictors,
-        accuracy_matrix_mean=[
-            [None if not math.isfinite(v) else float(v) for v in row] for row in mean_matrix
-        ],
+        accuracy_matrix_mean=_mean_matrix([r["accuracy_matrix"] for r in per_seed]),
+        task_incremental_matrix_mean=_mean_matrix(
+            [r.get("task_incremental_matrix") for r in per_seed]
+        ),
+        **({"class_order": orders[0]} if same_order else {}),
     )
+
+
+def _mean_matrix(matrices: Sequence[Any]) -> list[list[float | None]] | None:
+    """The entrywise mean over seeds of JSON matrices, None where no seed has the entry (or
+    None when a seed has no matrix)."""
+    if any(m is None for m in matrices):
+        return None
+    stacked = np.stack([metrics.as_float_array(m) for m in matrices])
+    with warnings.catch_warnings():  # entries no seed has (j < i) stay NaN without a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(stacked, axis=0)
+    return [[None if not math.isfinite(v) else float(v) for v in row] for row in mean]
 
 
 def seeds_table(summary: Mapping[str, Any]) -> str:
@@ -121,8 +153,23 @@ def seeds_table(summary: Mapping[str, Any]) -> str:
             m, sd = table[k]["mean"], table[k]["std"]
             cells.append(f"{_fmt(m, 0)} +- {_fmt(sd, 0)}" if m is not None else "-")
         lines.append(f"{p:<12}" + "".join(f"{c:>18}" for c in cells))
+    more = [k for k in SEED_METRICS_MORE if k in summary["metrics"][primary]]
+    if more:
+        lines.append("")
+        lines.append(f"{'predictor':<12}" + "".join(f"{_short(k):>18}" for k in more))
+        for p, table in summary["metrics"].items():
+            cells = []
+            for k in more:
+                m, sd = table[k]["mean"], table[k]["std"]
+                cells.append(f"{_fmt(m, 0)} +- {_fmt(sd, 0)}" if m is not None else "-")
+            lines.append(f"{p:<12}" + "".join(f"{c:>18}" for c in cells))
     lines.append(f"{'wall time':<12}{_fmt_duration(summary.get('wall_time_s')):>18}")
     return "\n".join(lines)
+
+
+def _short(key: str) -> str:
+    """A metric's column title: `task_incremental_` shortened to `TI_`."""
+    return key.replace("task_incremental_", "TI_")
 
 
 def _fmt(x: Any, width: int = 7, digits: int = 2) -> str:
@@ -137,7 +184,11 @@ def _fmt_duration(seconds: Any) -> str:
 
 
 def final_table(results: Mapping[str, Any]) -> str:
-    """The terminal summary of a results dict: accuracy matrix (%), scalars, predictors."""
+    """The terminal summary of a results dict: accuracy matrix (%), scalars, predictors.
+
+    Besides the class-incremental scalars: the task-incremental A_T and avg_inc_acc (`TI`),
+    BWT, CODA-Prompt's stepwise forgetting and the old / new classes' accuracy after the last
+    evaluated task (those of a results dict that has them)."""
     rows = results["accuracy_matrix"]
     primary = results["predictors"][0]
     lines = [f"Accuracy (%) of task i (rows) after task j (columns), tasks 1..T, {primary}:"]
@@ -155,6 +206,18 @@ def final_table(results: Mapping[str, Any]) -> str:
         ),
     ]
     lines += [f"{name:<18}{_fmt(value, 8)}" for name, value in scalars]
+    more = [
+        ("TI A_T (%)", "task_incremental_A_T"),
+        ("TI avg_inc (%)", "task_incremental_avg_inc_acc"),
+        ("bwt (%)", "bwt"),
+        ("fgt stepwise (%)", "forgetting_stepwise"),
+    ]
+    lines += [f"{name:<18}{_fmt(results.get(key), 8)}" for name, key in more if key in results]
+    n = results.get("tasks_evaluated")
+    old_new = results.get("old_new_accuracy")
+    if old_new and isinstance(n, int) and n > 0:
+        old, new = old_new[n - 1]
+        lines.append(f"{'old / new (%)':<18}{_fmt(old, 8)}{_fmt(new, 8)}")
     lines.append(f"{'wall time':<18}{_fmt_duration(results.get('wall_time_s')):>8}")
     methods = results.get("methods") or {}
     if len(methods) > 1:
@@ -165,6 +228,15 @@ def final_table(results: Mapping[str, Any]) -> str:
                 f"{name:<18}{_fmt(m.get('A_T'), 8)}{_fmt(m.get('avg_inc_acc'), 9)}"
                 f"{_fmt(m.get('forgetting'), 8)}{_fmt(m.get('acc_pooled_T'), 9)}"
             )
+        if any("task_incremental_A_T" in m for m in methods.values()):
+            lines.append("")
+            lines.append(f"{'predictor':<18}{'TI A_T':>8}{'TI avg':>9}{'bwt':>8}{'fgt_step':>9}")
+            for name, m in methods.items():
+                lines.append(
+                    f"{name:<18}{_fmt(m.get('task_incremental_A_T'), 8)}"
+                    f"{_fmt(m.get('task_incremental_avg_inc_acc'), 9)}"
+                    f"{_fmt(m.get('bwt'), 8)}{_fmt(m.get('forgetting_stepwise'), 9)}"
+                )
     return "\n".join(lines)
 
 
@@ -230,6 +302,7 @@ class Bookkeeping:
                     "entropy": result["entropy"],
                     # Mean forgetting of tasks < task (NaN -> null after the first task).
                     "forgetting": 100.0 * metrics.mean_forgetting(a[: task + 1, : task + 1]),
+                    **self._more(result, tracker, task),
                 }
             )
         if not self.run.is_main:
@@ -242,6 +315,25 @@ class Bookkeeping:
         else:
             summary = f"{a_t[0]:.2f}% ({primary})"
         tqdm.tqdm.write(f"after task {task + 1}: A_t = {summary}")
+
+    def _more(self, result: dict, tracker: metrics.AccuracyTracker, task: int) -> dict:
+        """The eval record's task-incremental, transfer and old / new figures (%; NaN becomes
+        null): the primary predictor's, on the tasks evaluated so far."""
+        predictors = self.run.method.predictors
+        primary = predictors[0]
+        a = tracker.matrix(primary)[: task + 1, : task + 1]
+        old, new = metrics.old_new_accuracy(tracker.correct[primary], tracker.total[primary])[task]
+        own = tracker.task_matrix(primary)
+        return {
+            "forgetting_stepwise": 100.0 * metrics.mean_stepwise_forgetting(a),
+            "bwt": 100.0 * metrics.backward_transfer(a),
+            "old_accuracy": 100.0 * old,
+            "new_accuracy": 100.0 * new,
+            "task_incremental_A_t": 100.0 * metrics.incremental_accuracy(own, task),
+            "task_incremental_accuracy": {
+                p: [result["task_incremental"][i][p] for i in range(task + 1)] for p in predictors
+            },
+        }
 
     def close(self) -> None:
         for writer in self.writers:
@@ -285,6 +377,7 @@ def report(
             seed,
             list(run.head_sizes),
             provenance(run, i, env),
+            run.data.tasks.class_order,
         )
         for i, (tracker, seed) in enumerate(zip(book.trackers, run.axis.seeds, strict=True))
     ]

@@ -95,7 +95,10 @@ def task_split(
     """The tasks of the `data` block `d` (`data.scenario`): classes cut into `data.num_tasks`
     groups, or one task per domain, `domains` = (train ids, test ids, domain names)."""
     kwargs = dict(
-        class_order_seed=d.class_order_seed, label_noise=d.label_noise, noise_seed=d.noise_seed
+        class_order_seed=d.class_order_seed,
+        class_order_rng=d.get("class_order_rng", "default"),
+        label_noise=d.label_noise,
+        noise_seed=d.noise_seed,
     )
     if d.scenario == "domain":
         if domains is None:

@@ -194,26 +194,39 @@ def make_train_step(
     return step
 
 
-def make_eval_step(
-    method: Method, net: Network, cfg: StepConfig
-) -> Callable[..., dict[str, jax.Array]]:
-    """`eval(trainable, method_state, frozen, batch, task) -> sums` over the valid rows of a
-    batch after task `task` (a traced `TaskSpec`: one program for every task): correct counts
-    per predictor over the seen classes, the number of valid rows and the summed entropy of
-    the softmax over the seen classes (of the logits `method.predict` names)."""
+def make_eval_step(method: Method, net: Network, cfg: StepConfig) -> Callable[..., dict[str, Any]]:
+    """`eval(trainable, method_state, frozen, batch, task, evaluated) -> sums` over the valid
+    rows of a batch of task `evaluated`'s test set after task `task` (both traced `TaskSpec`s:
+    one program for every pair). Sums: per predictor `p`, `sums[p]` counts the rows whose
+    argmax over the seen classes is the label (class-incremental: no task identity) and
+    `sums["task_incremental"][p]` those whose argmax over `evaluated`'s own classes
+    `[offset, stop)` is (task-incremental: the task is given); `count`, the valid rows; and
+    `entropy_sum`, the summed entropy of the softmax over the seen classes (of the logits
+    `method.predict` names). One forward pass gives both counts."""
 
     def eval_step(
-        trainable: Params, method_state: Params, frozen: Params, batch: dict, task
-    ) -> dict[str, jax.Array]:
+        trainable: Params,
+        method_state: Params,
+        frozen: Params,
+        batch: dict,
+        task: TaskSpec,
+        evaluated: TaskSpec,
+    ) -> dict[str, Any]:
         images = augment.test_transform(batch["image"], cfg.image_size, cfg.normalize)
         mask, labels = batch["mask"], batch["label"]
         probs, logits = method.predict(net, trainable, frozen, method_state, images, task)
-        out = {
+        classes = jnp.arange(logits.shape[-1])
+        own = (classes >= evaluated.offset) & (classes < evaluated.stop)
+        out: dict[str, Any] = {
             "count": jnp.sum(mask),
             "entropy_sum": jnp.sum(jnp.where(mask, losses.entropy(logits), 0.0)),
+            "task_incremental": {},
         }
         for name, p in probs.items():
             out[name] = jnp.sum((jnp.argmax(p, -1) == labels) & mask)
+            # -inf outside the task: the argmax is over its own classes, whatever the scores.
+            own_p = jnp.where(own[None], p, jnp.asarray(-jnp.inf, p.dtype))
+            out["task_incremental"][name] = jnp.sum((jnp.argmax(own_p, -1) == labels) & mask)
         return out
 
     return eval_step

@@ -15,7 +15,8 @@
                        `log_every_steps`, checkpoints every `checkpoint_every_steps`, a stop at
                        the first non-finite loss
         end_task       the method's end hook (e.g. LAE's offline copy after task 0)
-        evaluate       every seen task's test set, task-agnostic (docs/algorithm.md §4, §17)
+        evaluate       every seen task's test set, task-agnostic and, in the same pass, with the
+                       task given (argmax over its own classes; docs/algorithm.md §4, §17)
         record         the eval records and A_t, then a checkpoint of phase `task_done`
       report           results.json and plots per seed, the seeds' summary, the terminal table
 
@@ -226,10 +227,10 @@ def scanned_steps_fn(run: Run, step: Callable) -> Callable:
 
 
 def eval_step_fn(run: Run) -> Callable:
-    """`eval(trainable, method_state, frozen, batch, task) -> sums`, vmapped over seeds, not
-    jitted (`steps.make_eval_step`)."""
+    """`eval(trainable, method_state, frozen, batch, task, evaluated) -> sums`, vmapped over
+    seeds, not jitted (`steps.make_eval_step`)."""
     step = steps.make_eval_step(run.method, run.net, run.step_cfg)
-    return run.axis.lift(step, (0, 0, run.frozen_axis, None, None))
+    return run.axis.lift(step, (0, 0, run.frozen_axis, None, None, None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,11 +270,11 @@ def run_step_fn(run: Run, t: int, phase: bool | None = None) -> Callable:
 
 
 def eval_fn_of(run: Run, task: int) -> Callable:
-    """The evaluation after task `task`, not jitted: `eval(trainable, method_state, frozen,
-    batch) -> sums` (for `aepg_jax.plan`)."""
+    """The evaluation after task `task` of that task's test set, not jitted: `eval(trainable,
+    method_state, frozen, batch) -> sums` (for `aepg_jax.plan`)."""
     step, spec = eval_step_fn(run), task_spec(run, task).traced()
     return lambda trainable, method_state, frozen, batch: step(
-        trainable, method_state, frozen, batch, spec
+        trainable, method_state, frozen, batch, spec, spec
     )
 
 
@@ -537,7 +538,7 @@ def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
     eval_batch = next(iter(test))
     spec = task_spec(run, t).traced()
     train_args = (state, run.frozen, batch, *task_args(run, t))
-    eval_args = (state.trainable, state.method_state, run.frozen, eval_batch, spec)
+    eval_args = (state.trainable, state.method_state, run.frozen, eval_batch, spec, spec)
     checked = {
         "the train step": fit.Program(
             programs.steps[static_key(run, t)], train_args, "optim.batch_size", cfg.optim.batch_size
@@ -560,17 +561,22 @@ def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
 
 
 def evaluate(run: Run, programs: Programs, task: int, state: TrainState, book: Bookkeeping):
-    """Accuracy of every predictor on tasks 0..task, per seed, recorded in `book.trackers`.
+    """Accuracy of every predictor on tasks 0..task, per seed, recorded in `book.trackers`:
+    class-incremental (argmax over the seen classes) and task-incremental (argmax over task
+    i's own classes), both counted in the same pass.
 
-    Returns per seed `{"per_task": {i: {predictor: acc %}}, "entropy": mean entropy}`, the
-    entropy of the softmax over the seen classes, averaged over every seen test example.
+    Returns per seed `{"per_task": {i: {predictor: acc %}}, "task_incremental": {i: {predictor:
+    acc %}}, "entropy": mean entropy}`, the entropy of the softmax over the seen classes,
+    averaged over every seen test example.
     """
     predictors = run.method.predictors
     spec = task_spec(run, task).traced()
     num_seeds = len(run.axis.seeds)
     entropy_sum, count_all = np.zeros(num_seeds), 0
     per_task: list[dict] = [{} for _ in range(num_seeds)]
+    per_task_il: list[dict] = [{} for _ in range(num_seeds)]
     for i in range(task + 1):
+        evaluated = task_spec(run, i).traced()
         sums = None
         for batch in loader.iterate(
             run.data.test.images,
@@ -580,21 +586,26 @@ def evaluate(run: Run, programs: Programs, task: int, state: TrainState, book: B
             run.mesh,
             train=False,
         ):
-            out = programs.evaluate(state.trainable, state.method_state, run.frozen, batch, spec)
+            out = programs.evaluate(
+                state.trainable, state.method_state, run.frozen, batch, spec, evaluated
+            )
             sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-        sums = {k: run.axis.per_seed(v) for k, v in sums.items()}
-        count = int(sums["count"][0])
+        sums = jax.tree.map(run.axis.per_seed, sums)
+        count, own = int(sums["count"][0]), sums["task_incremental"]
         for s, tracker in enumerate(book.trackers):
             for p in predictors:
-                tracker.record(task, p, i, int(sums[p][s]), count)
+                tracker.record(task, p, i, int(sums[p][s]), count, int(own[p][s]))
             per_task[s][i] = {p: 100.0 * int(sums[p][s]) / max(count, 1) for p in predictors}
+            per_task_il[s][i] = {p: 100.0 * int(own[p][s]) / max(count, 1) for p in predictors}
         entropy_sum += sums["entropy_sum"]
         count_all += count
     results = []
     for s, tracker in enumerate(book.trackers):
         entropy = float(entropy_sum[s]) / max(count_all, 1)
         tracker.record_entropy(task, entropy)
-        results.append({"per_task": per_task[s], "entropy": entropy})
+        results.append(
+            {"per_task": per_task[s], "task_incremental": per_task_il[s], "entropy": entropy}
+        )
     return results
 
 

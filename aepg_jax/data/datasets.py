@@ -6,10 +6,13 @@ and what the config checks, the caches, the trainers and the planner need to kno
 * `digits_domains`: the same digits in four domains (original, inverted, rotated, noisy),
   offline: the multi-domain demo of the domain-incremental scenario (`data.scenario=domain`).
 * `fashion_mnist`: Debian's `dataset-fashion-mnist` IDX files; `data_dir` = another IDX dir.
-* `folder`: `data_dir/<class>/*.jpg` (CLRS25, raw ImageNet-R); `name` labels the caches;
-  `split_file` (JSON train/test lists, e.g. ImageNet-R's from `aepg_jax.prepare`) fixes the split.
+* `folder`: `data_dir/<class>/*.jpg` (CLRS25, raw ImageNet-R) or `data_dir/{train,test}/<class>/*`
+  (PILOT's ImageNet-A, ObjectNet, OmniBenchmark, VTAB); `name` labels the caches and keys the
+  planner's sizes (`folder:<name>`); `split_file` (JSON train/test lists, e.g. ImageNet-R's from
+  `aepg_jax.prepare`) fixes the split.
 * `tfds`: TFDS `array_record` data (`name` in imagenet_r, food101, caltech_birds2011, cifar10,
-  cifar100, fashion_mnist); `data_dir` = the TFDS data dir (default: TFDS's own).
+  cifar100, fashion_mnist, domainnet: its six domains as one multi-domain dataset); `data_dir` =
+  the TFDS data dir (default: TFDS's own).
 
 `split_seed` draws the stratified 80/20 split of `digits`, of each domain of `digits_domains`
 and of folders without
@@ -125,6 +128,7 @@ REGISTRY: dict[str, SourceSpec] = {
             "folder",
             _folder,
             requires={"data_dir": "data.source=folder needs data.data_dir=<image folder root>."},
+            size_key=lambda d: f"folder:{d.name}" if d.name else "folder",
             takes_split_file=True,
             trainers=("continual",),
         ),

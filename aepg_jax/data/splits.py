@@ -2,10 +2,10 @@
 domain-incremental (docs/algorithm.md §17).
 
 Class-incremental (`make_class_incremental`): classes are ordered (identity, or a permutation
-drawn from `class_order_seed`), relabelled by their position in that order, and cut into
-`num_tasks` consecutive groups with `np.array_split` (uneven counts put the extra classes
-first: Food-101's 101 classes in 10 tasks give 11, 10, ..., 10). Task t owns the relabelled
-classes `[offset_t, offset_t + size_t)`; during its training the loss sees
+drawn from `class_order_seed` by `class_order_rng`), relabelled by their position in that
+order, and cut into `num_tasks` consecutive groups with `np.array_split` (uneven counts put the
+extra classes first: Food-101's 101 classes in 10 tasks give 11, 10, ..., 10). Task t owns the
+relabelled classes `[offset_t, offset_t + size_t)`; during its training the loss sees
 `logits[:, offset_t:offset_t + size_t]` and labels `y - offset_t`. The domains of a
 multi-domain dataset are mixed in every task.
 
@@ -80,10 +80,23 @@ class TaskSplit:
         return tuple(t.num_classes for t in self.tasks)
 
 
-def class_order(num_classes: int, seed: int | None = None) -> np.ndarray:
-    """Identity order, or a permutation of the classes drawn from `seed`."""
+CLASS_ORDER_RNGS = ("default", "numpy_legacy")
+
+
+def class_order(num_classes: int, seed: int | None = None, rng: str = "default") -> np.ndarray:
+    """Identity order, or a permutation of `range(num_classes)` drawn from `seed` by `rng`.
+
+    default: `np.random.default_rng(seed).permutation(n)` (PCG64). numpy_legacy: numpy's
+    Mersenne Twister, `np.random.seed(seed); np.random.permutation(n)` as PyCIL and PILOT draw
+    it (seed 1993 gives their published order), from a local `RandomState(seed)`: the same
+    stream, with numpy's global state left alone.
+    """
+    if rng not in CLASS_ORDER_RNGS:
+        raise ValueError(f"class_order_rng={rng!r} is unknown; use one of {CLASS_ORDER_RNGS}.")
     if seed is None:
         return np.arange(num_classes)
+    if rng == "numpy_legacy":
+        return np.random.RandomState(seed).permutation(num_classes)
     return np.random.default_rng(seed).permutation(num_classes)
 
 
@@ -114,14 +127,18 @@ def symmetric_label_noise(
 
 
 def _relabel(
-    train_labels: np.ndarray, test_labels: np.ndarray, num_classes: int, seed: int | None
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_classes: int,
+    seed: int | None,
+    rng: str = "default",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`(class order, train, test)`: labels checked in `[0, num_classes)` and replaced by
     their class's position in the order."""
     for name, labels in (("train", train_labels), ("test", test_labels)):
         if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
             raise ValueError(f"{name} labels are not all in [0, {num_classes}).")
-    order = class_order(num_classes, seed)
+    order = class_order(num_classes, seed, rng)
     position = np.empty(num_classes, np.int64)
     position[order] = np.arange(num_classes)
     train = position[np.asarray(train_labels, np.int64)]
@@ -151,6 +168,7 @@ def make_class_incremental(
     num_tasks: int,
     *,
     class_order_seed: int | None = None,
+    class_order_rng: str = "default",
     label_noise: float = 0.0,
     noise_seed: int = 0,
 ) -> TaskSplit:
@@ -159,7 +177,9 @@ def make_class_incremental(
         raise ValueError(
             f"num_tasks={num_tasks} must be between 1 and the number of classes ({num_classes})."
         )
-    order, train, test = _relabel(train_labels, test_labels, num_classes, class_order_seed)
+    order, train, test = _relabel(
+        train_labels, test_labels, num_classes, class_order_seed, class_order_rng
+    )
 
     tasks, offset = [], 0
     for t, group in enumerate(np.array_split(np.arange(num_classes), num_tasks)):
@@ -187,6 +207,7 @@ def make_domain_incremental(
     domain_names: tuple[str, ...],
     *,
     class_order_seed: int | None = None,
+    class_order_rng: str = "default",
     label_noise: float = 0.0,
     noise_seed: int = 0,
 ) -> TaskSplit:
@@ -202,7 +223,9 @@ def make_domain_incremental(
             raise ValueError(f"{name}: {len(domains)} domain ids for {len(labels)} labels.")
         if len(domains) and (domains.min() < 0 or domains.max() >= len(domain_names)):
             raise ValueError(f"{name} domain ids are not all in [0, {len(domain_names)}).")
-    order, train, test = _relabel(train_labels, test_labels, num_classes, class_order_seed)
+    order, train, test = _relabel(
+        train_labels, test_labels, num_classes, class_order_seed, class_order_rng
+    )
     tasks = tuple(
         Task(
             index=t,

@@ -10,6 +10,7 @@ Supported datasets (`TFDS_DATASETS`) and the TFDS splits that become our train /
 | `cifar10`           | `train`      | `test`       | 10                                       |
 | `cifar100`          | `train`      | `test`       | 100 (the fine `label`)                   |
 | `fashion_mnist`     | `train`      | `test`       | 10 (grayscale, replicated to 3 channels) |
+| `domainnet`         | `train`      | `test`       | 345, in six domains (below)              |
 
 ImageNet-R only has a `test` split (30,000 images). Our 80/20 cut is L2P's and uses TFDS's own
 percent-slicing arithmetic (`tfds.core.ReadInstruction`, rounding to the closest example) on the
@@ -18,6 +19,13 @@ whole split, opened once: train and test are disjoint and together cover it. Its
 mapped to 0..K-1 in increasing order of the original id, one mapping shared by train and test, and
 `class_names` are the TFDS label feature's names of those ids (WordNet ids such as `n01443537`).
 Every other dataset keeps its TFDS label ids and names.
+
+DomainNet is one TFDS builder with a config per domain (`domainnet/clipart`, ...). Its `Dataset`
+is the six configs' splits one after another in the fixed order clipart, infograph, painting,
+quickdraw, real, sketch (`domain_names`): train 409,832 (33,525 + 36,023 + 50,416 + 120,750 +
+120,906 + 48,212) and test 176,743 examples, each split's `domains` the domain id of every
+example (from the config it comes from: no record is read for it), labels TFDS's 0..344 and
+`class_names` TFDS's 345 names, numbered as the release's lists number them.
 
 No TensorFlow: data is read with `tfds.data_source(..., download=False)`, which needs a dataset
 prepared in a random-access file format (`array_record`, recommended, or `parquet`). Each TFDS
@@ -71,6 +79,8 @@ class TfdsSpec:
         relabel_used: map the label ids occurring in the TFDS splits read to 0..K-1 (sorted).
         image_features: image features whose decoding is skipped; the first is the image.
         label_feature: the `ClassLabel` feature used as label.
+        domains: TFDS builder configs, each one domain, whose splits are concatenated in this
+            order (empty: the dataset has no configs and one domain).
     """
 
     tfds_name: str
@@ -80,6 +90,7 @@ class TfdsSpec:
     relabel_used: bool = False
     image_features: tuple[str, ...] = ("image",)
     label_feature: str = "label"
+    domains: tuple[str, ...] = ()
 
 
 TFDS_DATASETS: Mapping[str, TfdsSpec] = types.MappingProxyType(
@@ -99,6 +110,13 @@ TFDS_DATASETS: Mapping[str, TfdsSpec] = types.MappingProxyType(
             TfdsSpec("cifar10", "train", "test", 10),
             TfdsSpec("cifar100", "train", "test", 100),
             TfdsSpec("fashion_mnist", "train", "test", 10),
+            TfdsSpec(
+                "domainnet",
+                "train",
+                "test",
+                345,
+                domains=("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
+            ),
         )
     }
 )
@@ -174,6 +192,39 @@ class RelabeledSource:
         return self.base.image(index)
 
 
+@dataclasses.dataclass(frozen=True)
+class DomainsSource:
+    """The examples of `parts[0]`, then of `parts[1]`, ...; every example of `parts[d]` is of
+    domain d. Example `i` is example `i - offsets[d]` of `parts[d]`, `offsets` the cumulative
+    lengths."""
+
+    parts: tuple[Source, ...]
+
+    @functools.cached_property
+    def offsets(self) -> np.ndarray:
+        return np.cumsum([0, *(len(p) for p in self.parts)])
+
+    @functools.cached_property
+    def labels(self) -> np.ndarray:
+        """int64 (N,): the parts' labels one after another."""
+        return np.concatenate([np.asarray(p.labels, np.int64) for p in self.parts])
+
+    @functools.cached_property
+    def domains(self) -> np.ndarray:
+        """int64 (N,): d for each example of `parts[d]` (no record is read)."""
+        return np.repeat(np.arange(len(self.parts), dtype=np.int64), np.diff(self.offsets))
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def image(self, index: int) -> np.ndarray:
+        index = int(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} examples")
+        d = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return self.parts[d].image(index - int(self.offsets[d]))
+
+
 def load_tfds(name: str, data_dir: str | os.PathLike[str] | None = None) -> Dataset:
     """The `Dataset` of a supported TFDS dataset, read without TensorFlow; never downloads.
 
@@ -183,8 +234,9 @@ def load_tfds(name: str, data_dir: str | os.PathLike[str] | None = None) -> Data
             when TFDS was imported, else `~/tensorflow_datasets`).
 
     Returns:
-        `Dataset(name, train, test, class_names)` with the splits and labels of the module
-        docstring. The labels of every split are read here, once (`Dataset` checks their range).
+        `Dataset(name, train, test, class_names, domain_names)` with the splits and labels of
+        the module docstring (`domain_names` empty but for DomainNet). The labels of every
+        split are read here, once (`Dataset` checks their range).
 
     Raises:
         ValueError: `name` is not supported (the message lists the supported names).
@@ -198,8 +250,16 @@ def load_tfds(name: str, data_dir: str | os.PathLike[str] | None = None) -> Data
     spec = TFDS_DATASETS[name]
     splits = (spec.train_split, spec.test_split)
     bases = list(dict.fromkeys(tfds.core.ReadInstruction.from_spec(s).split_name for s in splits))
-    opened = _open(spec, bases, data_dir)
-    whole: dict[str, Source] = dict(zip(bases, opened, strict=True))
+    if spec.domains:
+        per_domain = [_open(spec, bases, data_dir, config=d) for d in spec.domains]
+        opened = per_domain[0]
+        whole: dict[str, Source] = {
+            base: DomainsSource(tuple(sources[k] for sources in per_domain))
+            for k, base in enumerate(bases)
+        }
+    else:
+        opened = _open(spec, bases, data_dir)
+        whole = dict(zip(bases, opened, strict=True))
     label_feature = opened[0].data_source.dataset_info.features[spec.label_feature]
     class_names = tuple(label_feature.names)
 
@@ -225,7 +285,7 @@ def load_tfds(name: str, data_dir: str | os.PathLike[str] | None = None) -> Data
             return whole[base]
         return SubsetSource(whole[base], range(start, stop))
 
-    return Dataset(name, read(spec.train_split), read(spec.test_split), class_names)
+    return Dataset(name, read(spec.train_split), read(spec.test_split), class_names, spec.domains)
 
 
 def _split_bounds(split: str, sizes: Mapping[str, int]) -> tuple[str, int, int]:
@@ -254,14 +314,19 @@ def _absl_quiet():
 
 
 def _open(
-    spec: TfdsSpec, splits: list[str], data_dir: str | os.PathLike[str] | None
+    spec: TfdsSpec,
+    splits: list[str],
+    data_dir: str | os.PathLike[str] | None,
+    config: str | None = None,
 ) -> list[TfdsSource]:
-    """`TfdsSource`s of the whole TFDS `splits`, image decoding skipped where that works."""
+    """`TfdsSource`s of the whole TFDS `splits` (of builder config `config`, if given), image
+    decoding skipped where that works."""
     skip = {key: tfds.decode.SkipDecoding() for key in spec.image_features}
+    builder = spec.tfds_name if config is None else f"{spec.tfds_name}/{config}"
 
     def open_with(decoders):
         return tfds.data_source(
-            spec.tfds_name, split=splits, data_dir=data_dir, download=False, decoders=decoders
+            builder, split=splits, data_dir=data_dir, download=False, decoders=decoders
         )
 
     try:
@@ -269,7 +334,7 @@ def _open(
             sources = open_with(skip)
     except Exception as err:
         with _absl_quiet():
-            _raise_if_not_prepared(spec.tfds_name, data_dir, err)
+            _raise_if_not_prepared(spec.tfds_name, data_dir, err, config)
         raise
     try:
         for source in sources:
@@ -300,12 +365,22 @@ def _decode_image(value: Any) -> np.ndarray:
     return to_rgb(np.asarray(value))
 
 
+def prepare_source(name: str) -> str:
+    """What `python -m aepg_jax.prepare name` takes as `--source`, for the messages."""
+    return "DIR" if name in TFDS_DATASETS and TFDS_DATASETS[name].domains else "ARCHIVE"
+
+
 def _raise_if_not_prepared(
-    name: str, data_dir: str | os.PathLike[str] | None, error: Exception
+    name: str,
+    data_dir: str | os.PathLike[str] | None,
+    error: Exception,
+    config: str | None = None,
 ) -> None:
-    """Raises `DatasetNotPreparedError` if `error` comes from a missing or wrongly prepared set."""
+    """Raises `DatasetNotPreparedError` if `error` comes from a missing or wrongly prepared set
+    (of builder config `config`, if given)."""
+    source = prepare_source(name)
     try:
-        builder = tfds.builder(name, data_dir=data_dir)
+        builder = tfds.builder(name if config is None else f"{name}/{config}", data_dir=data_dir)
     except Exception:  # Not a preparation problem we can name: the caller re-raises `error`.
         return
     root = os.fspath(data_dir) if data_dir is not None else os.fspath(builder.data_dir_root)
@@ -317,7 +392,7 @@ def _raise_if_not_prepared(
     if not builder.is_prepared():
         raise DatasetNotPreparedError(
             f"TFDS dataset {name!r} is not prepared in {builder.data_dir} ({looked}): prepare "
-            f"it with `python -m aepg_jax.prepare {name} --source=ARCHIVE --data_dir={root}` "
+            f"it with `python -m aepg_jax.prepare {name} --source={source} --data_dir={root}` "
             "(the archives: docs/data.md, 'What you prepare'; where TensorFlow is installed, "
             f"`{prepare_command(name, root)}` also does) or pass "
             "--config.data.data_dir=<the directory it is prepared in>."
@@ -329,6 +404,6 @@ def _raise_if_not_prepared(
     raise DatasetNotPreparedError(
         f"TFDS dataset {name!r} is prepared in {builder.data_dir} ({looked}) as {found}, but "
         f"reading it without TensorFlow needs array_record: delete {builder.data_dir} and "
-        f"prepare it again with `python -m aepg_jax.prepare {name} --source=ARCHIVE "
+        f"prepare it again with `python -m aepg_jax.prepare {name} --source={source} "
         f"--data_dir={root}` or `{prepare_command(name, root)}` (or into another data_dir)."
     ) from error

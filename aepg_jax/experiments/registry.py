@@ -1,4 +1,5 @@
-"""The experiments by name: the paper's tables and figures, the demo, or a user's file.
+"""The experiments by name: the paper's tables and figures, the demo, the baselines' papers
+(`baselines.py`), or a user's file.
 
 `get` is what `--experiment=NAME` of `aepg_jax.sweep` and `aepg_jax.tables` resolves.
 """
@@ -9,14 +10,14 @@ import importlib.util
 import pathlib
 
 from aepg_jax.config import command_line
-from aepg_jax.experiments import paper
+from aepg_jax.experiments import baselines, paper
 from aepg_jax.experiments.spec import Experiment
 
 
 def registry() -> dict[str, Experiment]:
-    """The paper's experiments and the demo, by name."""
-
-    return {e.name: e for e in paper.EXPERIMENTS}
+    """The paper's experiments, the demo, and the baselines' papers (with their demos), by
+    name."""
+    return {e.name: e for e in (*paper.EXPERIMENTS, *baselines.EXPERIMENTS)}
 
 
 def get(name: str) -> Experiment:

@@ -4,11 +4,12 @@ the parameters as shapes, built by the run's own code (`continual/setup.py`).
 Dataset sizes (`SIZES`: train / test examples and classes of the splits that
 `data/tfds_sources.py` makes) stand in for the data; the classes are taken as equally frequent
 (`n // C` or `n // C + 1` examples each), so per-task counts match the real split's up to a
-few images. `digits` is read (it ships with scikit-learn). Other sources (an image folder) need
-`--num_train`, `--num_test` and `--num_classes`. With `data.scenario=domain` the task split is
-one task per domain: `digits_domains`'s own domains, otherwise `data.num_tasks` equal domains
-holding every class (a real dataset's domains differ in size: the plan's per-task step counts
-are then estimates).
+few images. `digits` is read (it ships with scikit-learn). The prepared image folders are keyed
+by `data.name` (`folder:vtab`); other sources (an image folder of your own) need `--num_train`,
+`--num_test` and `--num_classes`. With `data.scenario=domain` the task split is one task per
+domain: a shipped source's own domains (`digits_domains`), otherwise `data.num_tasks` equal
+domains holding every class (a real dataset's domains differ in size: the plan's per-task step
+counts are then estimates).
 
 The backbone is whatever `model.*` describes, as shapes only: `model.init=augreg` and
 `pretrained` are planned as `random` (a checkpoint that loads has the model's shapes, which
@@ -27,8 +28,8 @@ from aepg_jax.config import schema
 from aepg_jax.continual import setup
 from aepg_jax.data import datasets, loader
 
-# `datasets.size_key` (a TFDS name, or a source) -> (train examples, test examples, classes) of
-# our splits.
+# `datasets.size_key` (a TFDS name, `folder:<data.name>`, or a source) -> (train examples, test
+# examples, classes) of our splits.
 SIZES: dict[str, tuple[int, int, int]] = {
     "imagenet_r": (24_000, 6_000, 200),  # test[:80%] / test[80%:] of 30,000
     "food101": (75_750, 25_250, 101),
@@ -36,6 +37,13 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "cifar10": (50_000, 10_000, 10),
     "cifar100": (50_000, 10_000, 100),
     "fashion_mnist": (60_000, 10_000, 10),
+    "domainnet": (409_832, 176_743, 345),  # six domains' train / test lists, concatenated
+    # image folders by `data.name` (`python -m aepg_jax.prepare` writes them)
+    "folder:clrs25": (12_000, 3_000, 25),  # the stratified 80/20 split of 600 per class
+    "folder:imagenet_a": (5_981, 1_519, 200),  # PILOT's train/ and test/ folders
+    "folder:objectnet": (26_509, 6_628, 200),
+    "folder:omnibenchmark": (89_697, 5_985, 300),
+    "folder:vtab": (1_796, 8_619, 50),
 }
 
 

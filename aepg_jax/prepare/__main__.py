@@ -11,15 +11,27 @@
 | cifar10           | https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz (or -binary) |
 | cifar100          | https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz (or -binary) |
 | clrs25            | the unpacked CLRS folder (ROOT/<class>/*)                          |
+| imagenet_a        | PILOT's ina.zip unpacked: ROOT/{train,test}/<class>/*              |
+| objectnet         | PILOT's objnet.tgz unpacked: ROOT/{train,test}/<class>/*           |
+| omnibenchmark     | PILOT's omnibenchmark.zip unpacked: ROOT/{train,test}/<class>/*    |
+| vtab              | PILOT's vtab.zip unpacked: vtab-cil/vtab/{train,test}/<class>/*    |
+| domainnet         | the folder holding the six <domain>.zip and twelve                 |
+|                   | <domain>_{train,test}.txt of the cleaned release:                  |
+|                   | http://ai.bu.edu/M3SDA/ (domains: clipart infograph painting       |
+|                   | quickdraw real sketch)                                             |
 
 The TFDS datasets are written as TFDS `array_record` in `DIR/NAME/<version>/`, the records
 those of `tfds build NAME --file_format=array_record` in the same order (see builders.py);
 pass `--config.data.data_dir=DIR`. ImageNet-R also gets `DIR/imagenet_r/0.2.0/l2p_split.json`
-(L2P's train/test lists) for `data.source=folder` + `data.split_file`. CLRS25 goes to
-`DIR/clrs25` (pass that as `data.data_dir`).
+(L2P's train/test lists) for `data.source=folder` + `data.split_file`. The image folders
+(CLRS25, PILOT's four) go to `DIR/<name>` (pass that as `data.data_dir` with
+`data.source=folder`; docs/data.md links PILOT's downloads). DomainNet is written as the six
+TFDS configs `DIR/domainnet/<domain>/1.0.0/` that `tfds build domainnet
+--file_format=array_record` writes.
 
 Each archive's size and sha256 are checked first (TFDS's values; Keras's for CIFAR's python
-tarballs); `--checksums=TSV` (lines `filename size sha256`) replaces them. Errors are one
+tarballs; none are published for DomainNet's 18 files); `--checksums=TSV` (lines `filename
+size sha256`) replaces them. Errors are one
 `error:` line, exit status 2. A killed run leaves nothing a run reads; run it again.
 """
 
@@ -33,10 +45,10 @@ import os
 import shutil
 import sys
 
-from aepg_jax.prepare import archives, builders, folder_build, tfds_build
+from aepg_jax.prepare import archives, builders, domainnet, folder_build, tfds_build
 from aepg_jax.system import cli
 
-NAMES = (*builders.BUILDERS, *folder_build.NUM_CLASSES)
+NAMES = (*builders.BUILDERS, *folder_build.NUM_CLASSES, domainnet.NAME)
 
 
 @contextlib.contextmanager
@@ -96,7 +108,7 @@ def _out_of_space(err: BaseException) -> bool:
 
 def space_message(name: str, data_dir: str, sources: list[str]) -> str:
     """One line: the disk under `data_dir` filled while `name` was written."""
-    need = 2 * sum(os.path.getsize(s) for s in sources if os.path.isfile(s))
+    need = 2 * sum(os.path.getsize(s) if os.path.isfile(s) else _size(s) for s in sources)
     free = shutil.disk_usage(data_dir).free
     return (
         f"the disk under {data_dir} filled while {name} was written: it needs about "
@@ -122,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         "--source",
         action="append",
         required=True,
-        help="a downloaded archive (repeat for CUB's two files), or CLRS25's folder",
+        help="a downloaded archive (repeat for CUB's two files), an image folder (CLRS25, "
+        "PILOT's), or the folder of DomainNet's 18 files",
     )
     parser.add_argument("--data_dir", required=True, help="where the prepared dataset goes")
     parser.add_argument("--checksums", help="TSV of `filename size sha256` replacing ours")
@@ -139,9 +152,14 @@ def main(argv: list[str] | None = None) -> int:
                 where = folder_build.prepare(args.name, source, data_dir, force=args.force)
                 print(f"{args.name}: ready in {where}; run with --config.data.data_dir={where}")
                 return 0
-            where = tfds_build.prepare(
-                args.name, sources, data_dir, checksums=args.checksums, force=args.force
-            )
+            if args.name == domainnet.NAME:
+                where = domainnet.prepare(
+                    sources, data_dir, checksums=args.checksums, force=args.force
+                )
+            else:
+                where = tfds_build.prepare(
+                    args.name, sources, data_dir, checksums=args.checksums, force=args.force
+                )
     except Exception as err:
         if _out_of_space(err):
             cli.fail(space_message(args.name, data_dir, sources))

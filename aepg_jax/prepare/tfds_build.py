@@ -99,6 +99,26 @@ def prepare(
         data_dir=staging,
         file_format="array_record",
     )
+    try:
+        staged = build(builder)
+        if name == "imagenet_r":
+            write_split_file(staged, os.path.join(staged, SPLIT_FILE))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+    os.makedirs(final_root, exist_ok=True)
+    if os.path.exists(final):  # force: move the old version aside, never half-delete it
+        old = os.path.join(staging, "old")
+        os.rename(final, old)
+    os.rename(staged, final)
+    shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def build(builder: tfds.core.DatasetBuilder) -> str:
+    """Runs `builder` (one of ours, reading local files) into its `data_dir` with TFDS's
+    writer, our shuffle and sorted feature keys, quietly; returns its version directory."""
     tfds.disable_progress_bar()  # ours (over the archive bytes) shows progress and ETA
     absl_level = logging.getLogger("absl").level
     logging.getLogger("absl").setLevel(logging.WARNING)
@@ -108,23 +128,12 @@ def prepare(
             _deterministic_records(),
             shuffler.installed(),
         ):
-            builder.download_and_prepare(download_dir=os.path.join(staging, "downloads"))
-        staged = os.fspath(builder.data_path)
-        if name == "imagenet_r":
-            write_split_file(staged, os.path.join(staged, SPLIT_FILE))
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+            builder.download_and_prepare(
+                download_dir=os.path.join(os.fspath(builder.data_dir_root), "downloads")
+            )
     finally:
         logging.getLogger("absl").setLevel(absl_level)
-
-    os.makedirs(final_root, exist_ok=True)
-    if os.path.exists(final):  # force: move the old version aside, never half-delete it
-        old = os.path.join(staging, "old")
-        os.rename(final, old)
-    os.rename(staged, final)
-    shutil.rmtree(staging, ignore_errors=True)
-    return final
+    return os.fspath(builder.data_path)
 
 
 @contextlib.contextmanager

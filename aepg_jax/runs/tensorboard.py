@@ -4,7 +4,8 @@ Every number of a metrics record becomes a scalar at the record's `step`, tagged
 `<type>/<field>` and, inside nested fields, `<type>/<field>/<key or task_i>`:
 
     train/loss  train/alpha  train/entropy  train/lr  train/grad_norm  train/images_per_s
-    eval/A_t  eval/acc_pooled  eval/forgetting  eval/accuracy/<predictor>/task_<i>  ...
+    eval/A_t  eval/acc_pooled  eval/forgetting  eval/bwt  eval/task_incremental_A_t
+    eval/accuracy/<predictor>/task_<i>  eval/task_incremental_accuracy/<predictor>/task_<i>  ...
 
 Position fields (`step`, `task`, `task_step`, `epoch`), booleans, strings and nulls are not
 scalars. metrics.jsonl stays the source of truth: the events hold the same numbers. They go

@@ -1,0 +1,175 @@
+"""The baselines' experiments (aepg_jax/experiments/baselines.py) and their configs (cifar100.py,
+domainnet.py, pilot.py): every run builds and validates with its overrides in place, every
+table cell selects runs, `aepg_jax.sweep --list` lists each experiment, the configs' arguments
+reach their fields and bad ones are one line; slow: a demo run through `aepg_jax.sweep` and
+`aepg_jax.tables`."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+from test_configs import build, fill_user_inputs, get, load, validate
+
+from aepg_jax import experiments
+from aepg_jax.config import schema
+from aepg_jax.experiments import baselines, layout, registry
+from aepg_jax.sweep import preflight, sweep
+from aepg_jax.tables import tables
+
+NAMES = ("coda_prompt", "inflora", "pilot", "coda_prompt_demo", "inflora_demo", "pilot_demo")
+CONFIGS = ("cifar100.py", "domainnet.py", "pilot.py")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_list_prints_every_run_with_its_command(name, tmp_path, capsys):
+    runs = registry.get(name).runs()
+    assert sweep.main([f"--experiment={name}", f"--workdir={tmp_path}", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    heads = [line for line in out if line.startswith("[")]
+    commands = [line for line in out if " -m aepg_jax.main --config=configs/" in line]
+    assert len(heads) == len(commands) == len(runs) > 0
+    assert len({c.split("--workdir=")[1] for c in commands}) == len(runs)
+    for run, command in zip(runs, commands, strict=True):
+        assert f"--config={run.config}:{run.arg}" in command
+        assert all(f"--config.{k}={v}" in command for k, v in run.overrides)
+
+
+def _typed(value):
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+@pytest.mark.parametrize("name", NAMES[:3])
+def test_every_run_builds_and_validates_with_its_overrides(name):
+    for run in registry.get(name).runs():
+        unit = layout.Unit((run,))
+        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
+        validate(cfg)
+        for field, value in run.overrides:
+            got = get(cfg, field)
+            assert (got if isinstance(got, str) else float(got)) == _typed(value), (run, field)
+        assert cfg.method.name == run.value("method") and cfg.loss.name == "ce"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_cell_selects_runs_and_published_values_parse(name):
+    e = registry.get(name)
+    assert e.tables
+    for table in e.tables:
+        for row, col in itertools.product(table.rows, table.columns):
+            assert e.select({**row.where, **col.where}), (name, row.label, col.label)
+            published = table.published(row, col)
+            assert published is None or 0 < published.mean < 100
+            assert published is None or published.pm is None or published.pm >= 0
+        assert all(len(r.paper) in (0, len(table.columns)) for r in table.rows)
+
+
+def test_settings_follow_each_benchmark():
+    """CIFAR-100 runs 20 epochs and DomainNet 5 (the papers' code); PILOT's CODA-Prompt runs
+    every method in seed 1993's legacy-numpy class order (EASE's table, whose cells it holds)."""
+    epochs = {}
+    for run in registry.get("coda_prompt").runs() + registry.get("inflora").runs():
+        unit = layout.Unit((run,))
+        cfg = preflight.load_config(unit.config_arg, unit.overrides())
+        epochs.setdefault(run.stem, set()).add(cfg.optim.epochs)
+    assert epochs == {"imagenet_r": {50}, "cifar100": {20}, "domainnet": {5}}
+    for run in registry.get("pilot").runs():
+        cfg = build("pilot.py", run.arg)
+        vtab = run.value("dataset") == "vtab"
+        assert cfg.data.class_order_seed == (None if vtab else 1993)
+        assert cfg.data.class_order_rng == ("default" if vtab else "numpy_legacy")
+        assert cfg.data.num_tasks == {"imagenet_a": 10, "objectnet": 20}.get(
+            run.value("dataset"), cfg.data.num_tasks
+        )
+
+
+def test_inflora_published_rows_hold_an_average_above_the_final_accuracy():
+    """bar-ACC_T (the mean of the accuracies after each task) >= ACC_T in every transcribed
+    cell pair: the columns are not swapped."""
+    for table in registry.get("inflora").tables:
+        for row in table.rows:
+            values = [table.published(row, c) for c in table.columns]
+            for final, average in zip(values[::2], values[1::2], strict=True):
+                assert (final is None) == (average is None)
+                assert final is None or average.mean > final.mean, row.label
+
+
+def test_pilot_published_rows_hold_an_average_at_least_the_final_accuracy():
+    """bar-A >= A_B in every published PILOT cell pair (bar-A first), both or neither read."""
+    (table,) = registry.get("pilot").tables
+    for row in table.rows:
+        values = [table.published(row, c) for c in table.columns]
+        for average, final in zip(values[::2], values[1::2], strict=True):
+            assert (final is None) == (average is None)
+            assert final is None or average.mean >= final.mean, row.label
+
+
+@pytest.mark.parametrize("filename", CONFIGS)
+def test_config_builds_validates_and_its_docstring_lists_its_runs(filename):
+    cfg = fill_user_inputs(build(filename))
+    validate(cfg)
+    stem = filename.removesuffix(".py")
+    doc = load(filename).__doc__
+    commands = re.findall(r"python -m aepg_jax\.sweep --experiment=(\w+) --where=(\S+) --list", doc)
+    assert commands
+    named = {e.name for e in baselines.EXPERIMENTS if any(r.stem == stem for r in e.runs())}
+    assert {n for n, _ in commands} == named
+    for name, where in commands:
+        runs = experiments.filter_runs(registry.get(name).runs(), where)
+        assert runs and all(r.stem == stem for r in runs)
+
+
+def test_config_arguments_reach_their_fields():
+    assert build("cifar100.py").data.store_size == 224
+    cls, dom = build("domainnet.py"), build("domainnet.py", "scenario=domain")
+    assert (cls.data.scenario, cls.data.num_tasks) == ("class", 5)
+    assert (dom.data.scenario, dom.data.num_tasks) == ("domain", 6)
+    assert build("domainnet.py", "tasks=3").data.num_tasks == 3
+    for dataset, tasks in (("imagenet_a", 10), ("objectnet", 20), ("omnibenchmark", 10),
+                           ("vtab", 5)):  # fmt: skip
+        cfg = build("pilot.py", f"dataset={dataset}")
+        assert (cfg.data.name, cfg.data.num_tasks, cfg.data.source) == (dataset, tasks, "folder")
+        assert (cfg.data.class_order_seed, cfg.data.class_order_rng) == (
+            (None, "default") if dataset == "vtab" else (1993, "numpy_legacy")
+        )
+        assert cfg.method.dualprompt_pool_size >= tasks
+
+
+@pytest.mark.parametrize(
+    ("filename", "arg", "field"),
+    [("domainnet.py", "scenario=task", "scenario"), ("pilot.py", "dataset=cub", "dataset")],
+)
+def test_bad_argument_is_one_line_naming_it(filename, arg, field):
+    with pytest.raises(ValueError, match=rf"^{field}=.* is unknown; use one of") as err:
+        build(filename, arg)
+    assert "\n" not in str(err.value)
+
+
+def test_pilot_without_its_data_dir_is_one_line_naming_it():
+    cfg = build("pilot.py", "dataset=vtab")
+    cfg.model.checkpoint = "/no/such/weights.npz"
+    with pytest.raises(ValueError, match=r"data\.data_dir") as err:
+        schema.validate(cfg)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_demo_run_goes_through_sweep_and_tables(tmp_path, capsys):
+    """One run of `coda_prompt_demo` (L2P++, seed 0) swept for real, then tabulated: its cell
+    has its number and `1/2 done` (seed 1 is not run), CODA-P's cells `0/2 done`."""
+    root = str(tmp_path)
+    where = "--where=method=l2p,seed=0"
+    assert sweep.main(["--experiment=coda_prompt_demo", f"--workdir={root}", where]) == 0
+    results = layout.run_results(root, registry.get("coda_prompt_demo").select(
+        {"method": "l2p", "seed": 0})[0])  # fmt: skip
+    assert 0 <= results["A_T"] <= 100 and 0 <= results["avg_inc_acc"] <= 100
+    capsys.readouterr()
+    assert tables.main([root]) == 1  # the other runs have no results yet
+    out = capsys.readouterr().out
+    l2p = next(line for line in out.splitlines() if line.startswith("| L2P++"))
+    assert f"{results['A_T']:.1f} (1/2 done)" in l2p  # seed 1 not run
+    assert "0/2 done" in next(line for line in out.splitlines() if line.startswith("| CODA-P"))
