@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 import sklearn.datasets
+import test_prepare
 from tiny import tiny_config
 
 from aepg_jax import methods
@@ -18,6 +19,7 @@ from aepg_jax.methods.base import TaskSpec
 from aepg_jax.models import head
 from aepg_jax.plan import shapes
 
+offline = test_prepare.offline  # no network, no TensorFlow (the prepared-dataset test)
 DOMAIN = {"data.source": "digits_domains", "data.scenario": "domain", "data.num_tasks": 4}
 ALLOWED = ("plain", "lae", "lwf", "l2p", "dualprompt", "coda_prompt")
 REFUSED = ("inflora",)
@@ -282,6 +284,33 @@ def test_domain_run_learns_above_chance(tmp_path, method):
     matrix = _check_results(results, tmp_path / "run")
     assert matrix[0, 0] > 20.0
     assert np.nanmean(np.diag(matrix)) > 12.0
+
+
+@pytest.mark.usefixtures("offline")
+def test_a_prepared_six_domain_tfds_dataset_splits_one_task_per_domain(tmp_path):
+    """The same interface on a prepared multi-domain TFDS dataset (a tiny fake DomainNet
+    release: 6 domains, 345 classes): one task per domain in its order, one 345-class head."""
+    import fake_archives
+
+    from aepg_jax.prepare import __main__ as prepare_main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    fake_archives.make_domainnet(src)
+    data_dir = tmp_path / "data"
+    assert prepare_main.main(["domainnet", f"--source={src}", f"--data_dir={data_dir}"]) == 0
+    over = {"data.source": "tfds", "data.name": "domainnet", "data.data_dir": str(data_dir)}
+    cfg = domain_config(tmp_path, **over, **{"data.num_tasks": 6})
+    data = setup.prepare_data(cfg)
+    ds = datasets.load_configured(cfg.data)
+    assert data.tasks.num_tasks == 6 and data.tasks.head_sizes == (345,)
+    assert [t.domain for t in data.tasks.tasks] == list(ds.domain_names)
+    for t, task in enumerate(data.tasks.tasks):
+        np.testing.assert_array_equal(task.train_indices, np.flatnonzero(ds.train.domains == t))
+        np.testing.assert_array_equal(task.test_indices, np.flatnonzero(ds.test.domains == t))
+    cfg.data.num_tasks = 5
+    with pytest.raises(ValueError, match=r"has 6 domains \(clipart, .*set data.num_tasks=6\.$"):
+        setup.prepare_data(cfg)
 
 
 # -- the plan ----------------------------------------------------------------------------------
