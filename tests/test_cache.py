@@ -206,3 +206,31 @@ def test_a_builder_killed_mid_build_hands_over_to_a_waiting_process(source, tmp_
     assert name == 2 and second.exitcode == 0
     assert 0 < decoded < N  # resumed the killed build instead of starting over
     assert digest == cache.images_checksum(_build(CountingSource(source), tmp_path / "c").images)
+
+
+class SignalledSource(CountingSource):
+    """Sends this process SIGTERM while decoding example `at` (as SLURM would mid-build)."""
+
+    def __init__(self, base, at):
+        super().__init__(base)
+        self.at = at
+
+    def image(self, index):
+        if index == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().image(index)
+
+
+def test_sigterm_stops_a_build_after_its_chunk_and_the_build_resumes_there(source, tmp_path):
+    from aepg_jax.system import preemption
+
+    with preemption.catch(), pytest.raises(preemption.Preempted) as stop:
+        _build(SignalledSource(source, at=600), tmp_path)
+    assert stop.value.status == 128 + signal.SIGTERM
+    assert "while caching toy/train at 1024/" in str(stop.value)
+    resumed_source = CountingSource(source)
+    resumed = _build(resumed_source, tmp_path)
+    assert resumed_source.decoded == N - 1024
+    np.testing.assert_array_equal(
+        resumed.images, _build(CountingSource(source), tmp_path / "c").images
+    )

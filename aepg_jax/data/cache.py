@@ -44,6 +44,7 @@ import tqdm
 
 from aepg_jax.data.resize import store_resize
 from aepg_jax.data.source import Source
+from aepg_jax.system import preemption
 
 FORMAT_VERSION = 1
 _CHUNK = 512
@@ -282,6 +283,11 @@ def _build(
             state["done"] = stop
             _write_json(progress_path, state)
             bar.update(stop - start)
+            signum = preemption.requested()
+            if signum is not None and stop < n:  # a long build stops too, where it resumes
+                raise preemption.Preempted(
+                    signum, f"while caching {dataset}/{split} at {stop}/{n} images (resumed there)"
+                )
     bar.close()
     del images
 
