@@ -26,9 +26,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from aepg_jax.continual import results
 from aepg_jax.runs import records as records_lib
 
-METRICS = ("A_T", "avg_inc_acc", "forgetting", "acc_pooled_T")
+# The metrics of a run's results.json, in two tables as a run's own seeds summary prints them:
+# class-incremental accuracy and forgetting, then task-incremental accuracy and transfer.
+METRICS = (results.SEED_METRICS, results.SEED_METRICS_MORE)
 DEFAULT_LABEL_KEYS = ("loss.name", "method.name")
 
 
@@ -101,13 +104,14 @@ def mean_std(values: list[Any]) -> tuple[float, float, int]:
     return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan, int(v.size)
 
 
-def format_table(groups: dict[str, list[dict]]) -> str:
+def format_table(groups: dict[str, list[dict]], metrics: tuple[str, ...]) -> str:
+    """Mean +- std of each of `metrics` per group ("-" where no run of the group has it)."""
     width = max([len("group"), *map(len, groups)]) + 2
-    header = f"{'group':<{width}}{'seeds':>6}" + "".join(f"{m:>18}" for m in METRICS)
+    header = f"{'group':<{width}}{'seeds':>6}" + "".join(f"{m:>18}" for m in metrics)
     lines = [header, "-" * len(header)]
     for label, members in groups.items():
         cells = []
-        for metric in METRICS:
+        for metric in metrics:
             mean, std, n = mean_std([run["results"].get(metric) for run in members])
             if n == 0:
                 cells.append(f"{'-':>18}")
@@ -160,7 +164,7 @@ def main() -> None:
     args = parser.parse_args()
     runs = [run for d in args.run_dirs for run in load_runs(d)]
     groups = group_runs(runs, args.label_keys or list(DEFAULT_LABEL_KEYS))
-    print(format_table(groups))
+    print("\n\n".join(format_table(groups, m) for m in METRICS))
     out = args.out or str(args.run_dirs[0].resolve().parent / "compare.png")
     plot(groups, out)
     print(f"wrote {out}")

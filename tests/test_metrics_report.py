@@ -293,6 +293,7 @@ def _fake_run(root, name, loss, seed, a_t_final, forgetting):
         "avg_inc_acc": (90.0 + a_t_final) / 2,
         "forgetting": forgetting,
         "acc_pooled_T": a_t_final - 1.0,
+        "bwt": None if forgetting is None else -forgetting,
     }
     records_lib.write_results(run, results)
     with records_lib.MetricsWriter(run) as w:
@@ -322,6 +323,10 @@ def test_compare_runs_mean_and_std_over_seeds(tmp_path, capsys, monkeypatch):
     # aepg: A_T 80, 81 -> 80.5 +- 0.71; forgetting has one value only.
     for text in ("80.50 +- 0.71", "85.25 +- 0.35", "4.00 (1 seed)", "79.50 +- 0.71"):
         assert text in aepg
+    # The second table: task-incremental accuracy and transfer; bwt -10, -14 -> -12 +- 2.83,
+    # the figures these results lack shown as "-".
+    ce_more = [line for line in printed.splitlines() if line.startswith("ce / lae")][1]
+    assert "-12.00 +- 2.83" in ce_more and ce_more.split()[4] == "-"
     assert out.read_bytes()[:8] == PNG
 
 
