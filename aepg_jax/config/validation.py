@@ -11,13 +11,11 @@ import numpy as np
 
 from aepg_jax import losses, schedules
 from aepg_jax.checkpoints import catalog
-from aepg_jax.data import augment, datasets
+from aepg_jax.data import augment, datasets, splits
 from aepg_jax.models import peft as peft_lib
 from aepg_jax.models import vit
 
 MODEL_INITS = ("random", "augreg", "pretrained")
-SCENARIOS = ("class", "domain")
-CLASS_ORDER_RNGS = ("default", "numpy_legacy")
 NORMALIZE = augment.NORMALIZE_MODES
 LR_SCHEDULES = ("constant", "cosine_epochs")
 
@@ -100,14 +98,14 @@ def data_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
     )
     check(0.0 <= d.label_noise < 1.0, f"data.label_noise={d.label_noise} must be in [0, 1).", p)
     check(
-        d.scenario in SCENARIOS,
-        f"data.scenario={d.scenario!r} is unknown; use one of {', '.join(SCENARIOS)}.",
+        d.scenario in splits.SCENARIOS,
+        f"data.scenario={d.scenario!r} is unknown; use one of {', '.join(splits.SCENARIOS)}.",
         p,
     )
     check(
-        d.class_order_rng in CLASS_ORDER_RNGS,
+        d.class_order_rng in splits.CLASS_ORDER_RNGS,
         f"data.class_order_rng={d.class_order_rng!r} is unknown; use one of "
-        f"{', '.join(CLASS_ORDER_RNGS)}.",
+        f"{', '.join(splits.CLASS_ORDER_RNGS)}.",
         p,
     )
     check(
