@@ -186,7 +186,11 @@ def test_allowed_method_validates(tmp_path, method):
 # -- the steps ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ALLOWED)
+# plain and LAE stay in the fast suite; the other methods' steps (~4 s each) run with -m slow.
+@pytest.mark.parametrize(
+    "method",
+    [m if m in ("plain", "lae") else pytest.param(m, marks=pytest.mark.slow) for m in ALLOWED],
+)
 def test_train_step_runs_in_the_domain_scenario(tmp_path, method):
     """One step of task 0, then one of task 1 (the old-task paths: LwF's distillation, LAE's
     EMA, DualPrompt's slot copy), with one head over the 10 classes."""
