@@ -19,26 +19,18 @@ The run prints the accuracy matrix: a[i, j], domain i's test accuracy after lear
 import importlib.util
 import pathlib
 
-from aepg_jax import methods
-from aepg_jax.config import arguments
 
-
-def _default_config():
-    path = pathlib.Path(__file__).with_name("default.py")
-    spec = importlib.util.spec_from_file_location("configs_default", path)
+def _demo_config(arg):
+    """configs/demo.py's config for `arg` (the same arguments: method, loss, seed)."""
+    path = pathlib.Path(__file__).with_name("demo.py")
+    spec = importlib.util.spec_from_file_location("configs_demo", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    return module.get_config(arg)
 
 
 def get_config(arg=None):
-    a = arguments.parse_arg(arg, method="lae", loss="aepg", seed=0)
-    c = _default_config()
-    c.seed = a.seed
-    c.method.name = a.method
-    c.loss.name = a.loss
-    if not methods.get(a.method).uses_model_peft:
-        c.model.peft.kind = "none"
+    c = _demo_config(arg)
     c.data.source = "digits_domains"
     c.data.scenario = "domain"
     c.data.num_tasks = 4  # one task per domain

@@ -146,25 +146,28 @@ def seeds_table(summary: Mapping[str, Any]) -> str:
         )
     )
     lines.append("")
-    lines.append(f"{'predictor':<12}" + "".join(f"{k:>18}" for k in SEED_METRICS))
-    for p, table in summary["metrics"].items():
-        cells = []
-        for k in SEED_METRICS:
-            m, sd = table[k]["mean"], table[k]["std"]
-            cells.append(f"{_fmt(m, 0)} +- {_fmt(sd, 0)}" if m is not None else "-")
-        lines.append(f"{p:<12}" + "".join(f"{c:>18}" for c in cells))
+    lines.extend(_mean_std_rows(summary["metrics"], SEED_METRICS, SEED_METRICS))
     more = [k for k in SEED_METRICS_MORE if k in summary["metrics"][primary]]
     if more:
         lines.append("")
-        lines.append(f"{'predictor':<12}" + "".join(f"{_short(k):>18}" for k in more))
-        for p, table in summary["metrics"].items():
-            cells = []
-            for k in more:
-                m, sd = table[k]["mean"], table[k]["std"]
-                cells.append(f"{_fmt(m, 0)} +- {_fmt(sd, 0)}" if m is not None else "-")
-            lines.append(f"{p:<12}" + "".join(f"{c:>18}" for c in cells))
+        lines.extend(_mean_std_rows(summary["metrics"], more, [_short(k) for k in more]))
     lines.append(f"{'wall time':<12}{_fmt_duration(summary.get('wall_time_s')):>18}")
     return "\n".join(lines)
+
+
+def _mean_std_rows(
+    metrics: Mapping[str, Mapping[str, Any]], keys: Sequence[str], headers: Sequence[str]
+) -> list[str]:
+    """A header of `headers`, then per predictor the mean +- std of each of `keys` ("-" where
+    no seed has it)."""
+    lines = [f"{'predictor':<12}" + "".join(f"{h:>18}" for h in headers)]
+    for p, table in metrics.items():
+        cells = []
+        for k in keys:
+            m, sd = table[k]["mean"], table[k]["std"]
+            cells.append(f"{_fmt(m, 0)} +- {_fmt(sd, 0)}" if m is not None else "-")
+        lines.append(f"{p:<12}" + "".join(f"{c:>18}" for c in cells))
+    return lines
 
 
 def _short(key: str) -> str:
