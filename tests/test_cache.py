@@ -146,6 +146,20 @@ class SlowSource(CountingSource):
         return super().image(index)
 
 
+class StallingSource(CountingSource):
+    """A CountingSource whose decode of example `at` blocks for two minutes (a builder that is
+    still at work whenever the test looks)."""
+
+    def __init__(self, base, at):
+        super().__init__(base)
+        self.at = at
+
+    def image(self, index):
+        if index == self.at:
+            time.sleep(120)
+        return super().image(index)
+
+
 def _build_in_process(src, root, barrier, results, name):
     """Child process: builds (or waits for and reads) the cache; reports decodes and digest."""
     barrier.wait()
@@ -184,9 +198,9 @@ def test_a_builder_killed_mid_build_hands_over_to_a_waiting_process(source, tmp_
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(1), ctx.Queue()
     directory = cache.split_dir(str(tmp_path), "toy", "train", SIZE)
-    first = ctx.Process(
+    first = ctx.Process(  # its build stalls in the second chunk until it is killed
         target=_build_in_process,
-        args=(SlowSource(source, 0.004), str(tmp_path), barrier, results, "first"),
+        args=(StallingSource(source, at=700), str(tmp_path), barrier, results, "first"),
     )
     first.start()
     progress = os.path.join(directory, "progress.json")
