@@ -45,13 +45,6 @@ def get_config(arg=None):
     if a.scenario not in SCENARIOS:
         raise ValueError(f"scenario={a.scenario!r} is unknown; use one of {', '.join(SCENARIOS)}.")
     tasks = SCENARIOS[a.scenario] if a.tasks is None else a.tasks
-    c = arguments.paper_config(a)
-    if a.weights is not None:
-        arguments.use_weights(c, a.weights)
-    c.data.source = "tfds"
-    c.data.name = "domainnet"
+    c = arguments.paper_data_config(a, "tfds", "domainnet", tasks)
     c.data.scenario = a.scenario
-    c.data.num_tasks = tasks
-    # DualPrompt trains slot t in task t: its pool (10, the reference's) needs a slot per task.
-    c.method.dualprompt_pool_size = max(c.method.dualprompt_pool_size, tasks)
     return c

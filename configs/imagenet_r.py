@@ -64,12 +64,4 @@ from aepg_jax.config import arguments
 
 def get_config(arg=None):
     a = arguments.parse_arg(arg, tasks=10, weights=(None, str), **arguments.PAPER_ARGS)
-    c = arguments.paper_config(a)
-    if a.weights is not None:
-        arguments.use_weights(c, a.weights)
-    c.data.source = "tfds"
-    c.data.name = "imagenet_r"
-    c.data.num_tasks = a.tasks
-    # DualPrompt trains slot t in task t: its pool (10, the reference's) needs a slot per task.
-    c.method.dualprompt_pool_size = max(c.method.dualprompt_pool_size, a.tasks)
-    return c
+    return arguments.paper_data_config(a, "tfds", "imagenet_r", a.tasks)

@@ -61,15 +61,10 @@ def get_config(arg=None):
     )
     if a.dataset not in DATASETS:
         raise ValueError(f"dataset={a.dataset!r} is unknown; use one of {', '.join(DATASETS)}.")
-    c = arguments.paper_config(a)
-    if a.weights is not None:
-        arguments.use_weights(c, a.weights)
-    c.data.source = "folder"
-    c.data.name = a.dataset
-    c.data.num_tasks = DATASETS[a.dataset] if a.tasks is None else a.tasks
-    if a.dataset != "vtab" if a.shuffle is None else a.shuffle:
+    tasks = DATASETS[a.dataset] if a.tasks is None else a.tasks
+    c = arguments.paper_data_config(a, "folder", a.dataset, tasks)
+    shuffle = a.dataset != "vtab" if a.shuffle is None else a.shuffle
+    if shuffle:
         c.data.class_order_seed = CLASS_ORDER_SEED
         c.data.class_order_rng = "numpy_legacy"
-    # DualPrompt trains slot t in task t: its pool (10, the reference's) needs a slot per task.
-    c.method.dualprompt_pool_size = max(c.method.dualprompt_pool_size, c.data.num_tasks)
     return c

@@ -135,6 +135,22 @@ PAPER_ARGS: dict[str, Any] = {
 SETTINGS = ("reference", "common")
 
 
+def paper_data_config(
+    args: ml_collections.ConfigDict, source: str, name: str, num_tasks: int
+) -> ml_collections.ConfigDict:
+    """`paper_config(args)` on the dataset `name` of `source` cut into `num_tasks` tasks, with
+    the published backbone `args.weights` when it is given, and DualPrompt's pool (10, the
+    reference's) grown to a slot per task, since it trains slot t in task t."""
+    c = paper_config(args)
+    if args.get("weights") is not None:
+        use_weights(c, args.weights)
+    c.data.source = source
+    c.data.name = name
+    c.data.num_tasks = num_tasks
+    c.method.dualprompt_pool_size = max(c.method.dualprompt_pool_size, num_tasks)
+    return c
+
+
 def use_weights(c: ml_collections.ConfigDict, name: str) -> None:
     """`c` set to load the published backbone `name` (`checkpoints/catalog.py`): model.weights,
     the family, patch size and image normalisation it needs; an unknown name is refused."""
