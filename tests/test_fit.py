@@ -45,40 +45,6 @@ def test_a_step_that_cannot_fit_exits_2_in_one_line_before_training(tmp_path):
     )
 
 
-def _write(path: pathlib.Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def test_the_headroom_is_the_least_over_the_process_cgroups_and_their_parents(tmp_path):
-    from aepg_jax.continual import fit
-
-    # cgroup v1: a job limit (2 GiB, 1.5 used) inside a user slice limit (8 GiB, 1 used).
-    proc = tmp_path / "cgroup"
-    _write(proc, "4:memory:/slice/job\n1:cpu:/\n")
-    v1 = tmp_path / "fs" / "memory"
-    _write(v1 / "slice" / "job" / "memory.limit_in_bytes", str(2 * 2**30))
-    _write(v1 / "slice" / "job" / "memory.usage_in_bytes", str(3 * 2**29))
-    _write(v1 / "slice" / "memory.limit_in_bytes", str(8 * 2**30))
-    _write(v1 / "slice" / "memory.usage_in_bytes", str(2**30))
-    _write(v1 / "memory.limit_in_bytes", str(2**63 - 4096))  # the root: no limit
-    _write(v1 / "memory.usage_in_bytes", str(20 * 2**30))
-    assert fit.cgroup_headroom(str(proc), str(tmp_path / "fs")) == 2**29
-    # cgroup v2: the parent's limit is the tighter one.
-    _write(proc, "0::/user/session\n")
-    v2 = tmp_path / "v2"
-    _write(v2 / "user" / "session" / "memory.max", "max")
-    _write(v2 / "user" / "session" / "memory.current", str(2**30))
-    _write(v2 / "user" / "memory.max", str(3 * 2**30))
-    _write(v2 / "user" / "memory.current", str(2 * 2**30))
-    assert fit.cgroup_headroom(str(proc), str(v2)) == 2**30
-    meminfo = tmp_path / "meminfo"
-    _write(meminfo, "MemTotal: 100 kB\nMemAvailable:   524288 kB\n")
-    assert fit.host_available(str(meminfo), proc_cgroup=str(proc), root=str(v2)) == 2**29
-    _write(proc, "0::/\n")  # no limit anywhere: the host's MemAvailable
-    assert fit.host_available(str(meminfo), proc_cgroup=str(proc), root=str(v2)) == 2**29
-
-
 def test_a_mistyped_image_size_stops_in_seconds_before_any_cache(tmp_path):
     """`model.image_size=2044` (for 224): refused from the config, nothing cached."""
     cache = tmp_path / "cache"
@@ -151,7 +117,7 @@ def test_the_memory_left_sees_a_real_cgroup_limit(tmp_path):
         break
     else:
         pytest.skip("no memory cgroup can be created here (needs root and a cgroup fs)")
-    code = "from aepg_jax.continual import fit; print(fit.host_available())"
+    code = "from aepg_jax.system import host_memory; print(host_memory.available())"
     try:
         proc = subprocess.run(
             [
