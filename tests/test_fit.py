@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 
-from tiny import write_spec
+import pytest
+from tiny import tiny_config, write_spec
 
 
 def test_a_step_that_cannot_fit_exits_2_in_one_line_before_training(tmp_path):
@@ -136,3 +137,66 @@ def test_the_memory_left_sees_a_real_cgroup_limit(tmp_path):
         group.rmdir()
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 0 < int(proc.stdout.strip()) <= 2**30
+
+
+def test_data_held_for_a_program_counts_on_top_of_what_it_needs(monkeypatch):
+    """`resident` bytes (the scanned program's task data) add to XLA's need; the batch
+    estimate scales only the program's own part."""
+    import jax.numpy as jnp
+
+    from aepg_jax.continual import fit
+
+    monkeypatch.setenv("AEPG_FIT_CHECK", "1")
+    x = jnp.zeros((1024, 256), jnp.float32)  # 1 MiB
+    need = fit.needs(lambda a: a * 2.0, (x,))
+    assert need >= 2**20  # the 1 MiB output
+    resident = 64 * 2**20
+    program = fit.Program(lambda a: a * 2.0, (x,), "optim.batch_size", 64, resident)
+    monkeypatch.setattr(fit, "available", lambda: (need + resident, "memory left"))
+    fit.check({"the scan": program})  # fits exactly
+    monkeypatch.setattr(fit, "available", lambda: (resident + need // 2, "memory left"))
+    with pytest.raises(fit.DoesNotFit) as refused:
+        fit.check({"the scan": program})
+    line = str(refused.value)
+    assert "the scan needs" in line and "of it the task's data" in line
+    assert "optim.steps_per_call=1" in line and "about 32 would fit" in line
+    # Less than the data alone: no batch can help, the data must stay on the host.
+    monkeypatch.setattr(fit, "available", lambda: (resident // 2, "memory left"))
+    with pytest.raises(fit.DoesNotFit, match=r"holds the task's data .*steps_per_call=1"):
+        fit.check({"the scan": program})
+
+
+@pytest.mark.slow
+def test_the_scanned_program_is_checked_with_the_largest_tasks_data(tmp_path, monkeypatch):
+    """With `optim.steps_per_call > 1` the fit check measures the scanned program holding the
+    largest remaining task's training data (digits in 4 tasks: 430, 436, 288, 283 examples of
+    16 x 16 x 3 bytes and an int32 label), not the single step. ~35 s on 2 cores."""
+    import jax
+
+    from aepg_jax.continual import fit, setup, trainer
+
+    monkeypatch.setenv("AEPG_FIT_CHECK", "1")
+    cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 4, "optim.steps_per_call": 4})
+    run = setup.build(cfg, str(tmp_path / "run"))
+    programs, state = trainer.build_programs(run), trainer.begin_task(run, 0, None)
+    sizes = [len(t.train_indices) for t in run.data.tasks.tasks]
+    checked = {}
+    monkeypatch.setattr(fit, "check", checked.update)
+    for start in (0, 2):
+        checked.clear()
+        trainer.check_fit(run, programs, start, state)
+        largest = max(range(start, 4), key=lambda i: sizes[i])
+        assert largest != start or start == 2  # task 0 is not the largest: the check looks on
+        (name,) = [k for k in checked if "train" in k]
+        assert name == f"the train program scanning task {largest + 1}'s {sizes[largest]} examples"
+        program = checked[name]
+        assert program.resident == sizes[largest] * (16 * 16 * 3 + 4)
+        images = program.args[2]
+        assert isinstance(images, jax.ShapeDtypeStruct)
+        assert images.shape == (sizes[largest], 16, 16, 3)
+    monkeypatch.undo()
+    monkeypatch.setenv("AEPG_FIT_CHECK", "1")
+    # Room for the data and no more: the scanned program is refused, naming it and the data.
+    monkeypatch.setattr(fit, "available", lambda: (program.resident + 2**10, "memory left"))
+    with pytest.raises(fit.DoesNotFit, match=r"^the train program scanning task 3's 288 "):
+        fit.check(checked)
