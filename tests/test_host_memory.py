@@ -4,7 +4,12 @@ fake cgroup trees (v1, v2, hybrid) with hand-computed answers."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import subprocess
+import sys
+
+import pytest
 
 from aepg_jax.system import host_memory
 
@@ -104,3 +109,47 @@ def test_no_limit_anywhere_leaves_mem_available(tmp_path):
     assert host_memory.cgroup_headroom(str(proc), str(tmp_path / "none")) is None
     assert host_memory.available(str(meminfo), str(proc), str(tmp_path / "none")) == 2**29
     assert host_memory.available(str(tmp_path / "missing"), str(proc), str(tmp_path)) is None
+
+
+def test_a_real_cgroup_full_of_page_cache_leaves_its_limit_available(tmp_path):
+    """A child process in a 512 MiB memory cgroup that this test creates (v1 or v2, as root)
+    writes 384 MiB of files: the cgroup's usage counts them, the memory available does not
+    (the kernel reclaims them first). Skipped with the reason where no cgroup can be made."""
+    name = f"aepg-host-memory-test-{os.getpid()}"
+    for base, limit_file, usage in (
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"),
+        ("/sys/fs/cgroup", "memory.max", "memory.current"),
+    ):
+        group, usage_file = pathlib.Path(base) / name, usage
+        try:
+            group.mkdir()
+            (group / limit_file).write_text(str(512 * MIB))
+        except OSError:
+            if group.exists():
+                group.rmdir()
+            continue
+        break
+    else:
+        pytest.skip("no memory cgroup can be created here (needs root and a cgroup fs)")
+    cache = tmp_path / "page_cache"
+    code = "from aepg_jax.system import host_memory; print(host_memory.available())"
+    script = (
+        f"echo $$ > {group / 'cgroup.procs'} && "
+        f"dd if=/dev/zero of={cache} bs=1M count=384 status=none && "
+        f'cat {group / usage_file} && exec "$0" -c "$1"'
+    )
+    try:
+        proc = subprocess.run(
+            ["sh", "-c", script, sys.executable, code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=pathlib.Path(__file__).resolve().parents[1],
+        )
+    finally:
+        cache.unlink(missing_ok=True)
+        group.rmdir()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    usage, available = (int(x) for x in proc.stdout.split())
+    assert usage >= 384 * MIB  # the files are charged to the cgroup
+    assert 384 * MIB <= available <= 512 * MIB  # limit - usage would leave < 128 MiB
