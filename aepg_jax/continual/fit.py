@@ -1,18 +1,21 @@
 """Does the run fit the memory it has? Checked once, before any training step.
 
 Every program the run executes is compiled ahead of time (`jit(...).lower(...).compile()`: the
-train step, whose one program holds both phases of a task as a `lax.cond`; the evaluation; a
-method's own passes such as InfLoRA's covariance) and XLA's memory analysis read: a program
-needs `temp + output - alias + code` bytes beyond its arguments, which already sit in memory.
-The trainer runs one program at a time and returns the heap's free pages between phases
-(`system/memory.py`), so the run needs the largest of these. That is compared with what is
-left: on the CPU the memory available to the process, the host's `MemAvailable` capped by every
-memory cgroup the process is in (its own and each parent's limit minus usage, cgroup v1 or v2:
-a SLURM or systemd job's limit counts); on a GPU or TPU the least free memory of the local
-devices (`bytes_limit - bytes_in_use`). A run that cannot fit stops with one line (exit 2 from
-`aepg_jax.main`) naming the program, what it needs, what is free and about the largest batch
-that would fit, instead of the kernel's OOM killer or XLA's RESOURCE_EXHAUSTED deep inside
-training.
+train step, whose one program holds both phases of a task as a `lax.cond`, or with
+`optim.steps_per_call > 1` its `lax.scan` over the task's training data held on the device; the
+evaluation; a method's own passes such as InfLoRA's covariance) and XLA's memory analysis read:
+a program needs `temp + output - alias + code` bytes beyond its arguments, which already sit in
+memory, plus what is placed in memory for it alone (the scanned program's task data, sized for
+the largest task the process will train: the programs' shapes are the same for every task, the
+tasks' sizes are not). The trainer runs one program at a time and returns the heap's free pages
+between phases (`system/memory.py`), so the run needs the largest of these. That is compared
+with what is left: on the CPU the memory available to the process (`system/host_memory.py`:
+`MemAvailable` capped by every enclosing memory cgroup's limit less its working set, cgroup v1
+or v2, reclaimable page cache not counted: a SLURM or systemd job's limit counts); on a GPU or
+TPU the least free memory of the local devices (`bytes_limit - bytes_in_use`). A run that cannot
+fit stops with one line (exit 2 from `aepg_jax.main`) naming the program, what it needs, what
+is free and about the largest batch that would fit, instead of the kernel's OOM killer or XLA's
+RESOURCE_EXHAUSTED deep inside training.
 
 Before that, before anything is built (no cache, no pretraining), `check_config` refuses a config
 whose attention scores alone cannot fit: every block materialises the scores of its heads,
@@ -34,9 +37,10 @@ import jax
 import ml_collections
 import numpy as np
 
+from aepg_jax.system import host_memory
+
 ENV = "AEPG_FIT_CHECK"
 GIB = 2**30
-UNLIMITED = 2**60  # cgroup v1 writes a huge number for "no limit"
 
 
 class DoesNotFit(ValueError):
@@ -45,78 +49,6 @@ class DoesNotFit(ValueError):
 
 def enabled() -> bool:
     return os.environ.get(ENV, "1") != "0"
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _mem_available(meminfo: str) -> int | None:
-    try:
-        with open(meminfo) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def cgroup_headroom(
-    proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup"
-) -> int | None:
-    """The least `limit - usage` over the memory cgroups this process is in and their parents
-    (v2: `memory.max` / `memory.current` under the unified path; v1: the `memory` controller's
-    `memory.limit_in_bytes` / `memory.usage_in_bytes`); None when no level has a limit."""
-    try:
-        with open(proc_cgroup) as f:
-            lines = [line.strip().split(":", 2) for line in f if line.strip()]
-    except OSError:
-        return None
-    places = []  # (directory of the process's cgroup, limit file, usage file)
-    for _, controllers, path in (x for x in lines if len(x) == 3):
-        if controllers == "":  # v2 (or the unified half of a hybrid layout)
-            base = (
-                os.path.join(root, "unified")
-                if os.path.isdir(os.path.join(root, "unified"))
-                else root
-            )
-            places.append((base, path, "memory.max", "memory.current"))
-        elif "memory" in controllers.split(","):
-            places.append(
-                (
-                    os.path.join(root, "memory"),
-                    path,
-                    "memory.limit_in_bytes",
-                    "memory.usage_in_bytes",
-                )
-            )
-    headroom = None
-    for base, path, limit_file, usage_file in places:
-        parts = [p for p in path.split("/") if p]
-        for depth in range(len(parts), -1, -1):  # the process's own cgroup, then each parent
-            directory = os.path.join(base, *parts[:depth])
-            limit = _read_int(os.path.join(directory, limit_file))
-            usage = _read_int(os.path.join(directory, usage_file))
-            if limit is None or usage is None or limit >= UNLIMITED:
-                continue
-            left = max(limit - usage, 0)
-            headroom = left if headroom is None else min(headroom, left)
-    return headroom
-
-
-def host_available(meminfo: str = "/proc/meminfo", **cgroup) -> int | None:
-    """Bytes the process may still allocate on the host: `MemAvailable`, capped by every memory
-    cgroup it is in (`cgroup_headroom`)."""
-    avail, headroom = _mem_available(meminfo), cgroup_headroom(**cgroup)
-    if headroom is None:
-        return avail
-    return headroom if avail is None else min(avail, headroom)
 
 
 def device_available(device: jax.Device) -> int | None:
@@ -149,7 +81,7 @@ def available() -> tuple[int | None, str]:
     local accelerator's otherwise."""
     devices = jax.local_devices()
     if devices[0].platform == "cpu":
-        return host_available(), "host memory available to this process"
+        return host_memory.available(), "host memory available to this process"
     free = [(device_available(d), d) for d in devices]
     known = [(b, d) for b, d in free if b is not None]
     if not known:
@@ -193,20 +125,25 @@ def check_config(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """One program of the run to check: `fn(*args)`, and the config field of its batch size."""
+    """One program of the run to check: `fn(*args)`, the config field of its batch size, and
+    `resident`: bytes of data placed in memory for this program alone, on top of what `fn`
+    needs beyond its arguments (`optim.steps_per_call > 1`: the task's training images and
+    labels, which the scanned program reads on the device)."""
 
     fn: Callable
     args: tuple
     batch_field: str
     batch_size: int
+    resident: int = 0
 
 
 def check(programs: dict[str, Program]) -> None:
-    """Raises `DoesNotFit` (one line) when the largest of `programs` cannot fit."""
+    """Raises `DoesNotFit` (one line) when the largest of `programs` (`needs + resident`)
+    cannot fit."""
     if not enabled():
         return
     sized = [(needs(p.fn, p.args), name) for name, p in programs.items()]
-    sized = [(n, name) for n, name in sized if n is not None]
+    sized = [(n + programs[name].resident, name) for n, name in sized if n is not None]
     left, where = available()
     if not sized or left is None:
         return
@@ -214,10 +151,22 @@ def check(programs: dict[str, Program]) -> None:
     if needed <= left:
         return
     p = programs[name]
-    fits = max(int(p.batch_size * left / needed) // 8 * 8, 1)
+    what, lower = f"{needed / GIB:.1f} GiB beyond its parameters and data", ""
+    if p.resident:
+        data = f"{p.resident / GIB:.1f} GiB"
+        what = f"{needed / GIB:.1f} GiB beyond its parameters ({data} of it the task's data)"
+        lower = "use optim.steps_per_call=1 (the task's data then stays on the host), "
+        if left <= p.resident:
+            raise DoesNotFit(
+                f"{name} holds the task's data on the device, {data}; the {where} is "
+                f"{left / GIB:.1f} GiB; use optim.steps_per_call=1 (the task's data then stays "
+                f"on the host) ({ENV}=0 skips this check)."
+            )
+    # The batch scales the program's own need, not the resident data.
+    fits = max(int(p.batch_size * (left - p.resident) / (needed - p.resident)) // 8 * 8, 1)
+    lower += f"lower {p.batch_field} (now {p.batch_size}; about {fits} would fit)"
     raise DoesNotFit(
-        f"{name} needs {needed / GIB:.1f} GiB beyond its parameters and data, the {where} is "
-        f"{left / GIB:.1f} GiB; lower {p.batch_field} (now {p.batch_size}; about {fits} would "
-        f"fit), use model.dtype=bfloat16 or a smaller model.image_size, or find the largest batch "
-        f"with `python -m aepg_jax.plan --max_batch` ({ENV}=0 skips this check)."
+        f"{name} needs {what}, the {where} is {left / GIB:.1f} GiB; {lower}, use "
+        f"model.dtype=bfloat16 or a smaller model.image_size, or find the largest batch with "
+        f"`python -m aepg_jax.plan --max_batch` ({ENV}=0 skips this check)."
     )

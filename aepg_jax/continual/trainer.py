@@ -520,13 +520,40 @@ def train_task(
     return state
 
 
+def _scanned_fit_program(
+    run: Run, programs: Programs, t: int, state: TrainState
+) -> tuple[str, fit.Program]:
+    """(name, program): the scanned train program (`_scanned_chunks`) of the largest task from
+    `t` on, as `fit.check` measures it: the task's images and labels as shapes (replicated on
+    each device while the task trains: `resident`), its longest chunk of steps."""
+    cfg, tasks = run.cfg, run.data.tasks.tasks
+    largest = max(range(t, run.num_tasks), key=lambda i: len(tasks[i].train_indices))
+    n, images = len(tasks[largest].train_indices), run.data.train.images
+    plan = plan_task(cfg, tasks[largest])
+    k = min(cfg.optim.steps_per_call, plan.steps_per_epoch, plan.total_steps)
+    seeds = (len(run.axis.seeds),) if run.axis.vmapped else ()
+    args = (
+        state,
+        run.frozen,
+        jax.ShapeDtypeStruct((n, *images.shape[1:]), images.dtype, sharding=run.replicated),
+        jax.ShapeDtypeStruct((n,), jnp.int32, sharding=run.replicated),
+        jax.ShapeDtypeStruct((k, *seeds, cfg.optim.batch_size), jnp.int32),
+        *task_args(run, largest),
+    )
+    scanned = scanned_steps_fn(run, programs.steps[static_key(run, largest)])
+    resident = n * (int(np.prod(images.shape[1:])) * images.dtype.itemsize + 4)
+    name = f"the train program scanning task {largest + 1}'s {n} examples"
+    return name, fit.Program(scanned, args, "optim.batch_size", cfg.optim.batch_size, resident)
+
+
 def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
-    """`fit.check` of every program task `t` runs, on its first batches: the train step, the
-    evaluation, the method's own passes (`AEPG_FIT_CHECK=0` skips)."""
+    """`fit.check` of every program tasks `t`.. run: the train step on task `t`'s first batch
+    (its shapes are those of every task), or with `optim.steps_per_call > 1` the scanned
+    program holding the largest task's data on the device; the evaluation; the method's own
+    passes (`AEPG_FIT_CHECK=0` skips)."""
     if not fit.enabled():
         return
     cfg = run.cfg
-    batch = next(train_batches(run, t, epoch=0))
     test = loader.iterate(
         run.data.test.images,
         run.data.tasks.test_labels,
@@ -537,12 +564,18 @@ def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
     )
     eval_batch = next(iter(test))
     spec = task_spec(run, t).traced()
-    train_args = (state, run.frozen, batch, *task_args(run, t))
     eval_args = (state.trainable, state.method_state, run.frozen, eval_batch, spec, spec)
-    checked = {
-        "the train step": fit.Program(
+    if cfg.optim.steps_per_call > 1:
+        train_name, train = _scanned_fit_program(run, programs, t, state)
+    else:
+        batch = next(train_batches(run, t, epoch=0))
+        train_args = (state, run.frozen, batch, *task_args(run, t))
+        train_name = "the train step"
+        train = fit.Program(
             programs.steps[static_key(run, t)], train_args, "optim.batch_size", cfg.optim.batch_size
-        ),
+        )
+    checked = {
+        train_name: train,
         "the evaluation": fit.Program(
             eval_step_fn(run), eval_args, "eval.batch_size", cfg.eval.batch_size
         ),
