@@ -29,7 +29,8 @@ from aepg_jax.checkpoints import augreg, weights
 from aepg_jax.config import schema
 from aepg_jax.continual import steps
 from aepg_jax.data import cache, datasets, loader, source, splits
-from aepg_jax.models import head, partition, pretrain, vit
+from aepg_jax.models import head, partition, vit
+from aepg_jax.pretraining import pretrain
 from aepg_jax.runs import checkpointing, seeds
 from aepg_jax.runs.seeds import SeedAxis
 
