@@ -43,7 +43,7 @@ import numpy as np
 from aepg_jax.config import schema
 from aepg_jax.continual import setup as run_setup
 from aepg_jax.continual import trainer
-from aepg_jax.models import pretrain
+from aepg_jax.pretraining import pretrain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,11 +1,12 @@
 """Embedded default: runs offline on a 2-core CPU in a few minutes.
 
 A tiny ViT (patch 7, width 64, depth 4, 28 px), pretrained on Fashion-MNIST by
-`aepg_jax/models/pretrain.py` (the backbone ships with the package, fingerprint checked: nothing is
-pretrained; `scripts/make_shipped_backbone.py` regenerates it, `pretrain.shipped=False` pretrains
-locally), learns scikit-learn's digits class-incrementally (5 tasks x 2 classes) with LoRA + aEPG
-+ LAE, and prints A_T and the accuracy matrix. Changing a `model.*` architecture, `pretrain.*` or
-`input.normalize` field means another backbone, pretrained locally (needs Fashion-MNIST).
+`aepg_jax/pretraining/pretrain.py` (the backbone ships with the package, fingerprint checked:
+nothing is pretrained; `scripts/make_shipped_backbone.py` regenerates it,
+`pretrain.shipped=False` pretrains locally), learns scikit-learn's digits class-incrementally
+(5 tasks x 2 classes) with LoRA + aEPG + LAE, and prints A_T and the accuracy matrix. Changing
+a `model.*` architecture, `pretrain.*` or `input.normalize` field means another backbone,
+pretrained locally (needs Fashion-MNIST).
 
     .venv/bin/python -m aepg_jax.main --config=configs/default.py --workdir=runs/default
 """

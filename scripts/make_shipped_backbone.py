@@ -21,7 +21,7 @@ import tempfile
 
 from aepg_jax.config import schema
 from aepg_jax.data import loader
-from aepg_jax.models import pretrain
+from aepg_jax.pretraining import pretrain
 from aepg_jax.system import environment
 
 

@@ -88,7 +88,7 @@ LAYERS = (
     ("models", "prepare"),
     ("checkpoints", "methods"),
     ("config",),
-    ("runs", "continual", "scratch", "plan"),
+    ("runs", "continual", "scratch", "pretraining", "plan"),
     ("main",),
     ("experiments", "sweep", "tables"),
 )

@@ -23,7 +23,7 @@ from aepg_jax import main
 from aepg_jax.config import schema
 from aepg_jax.continual import trainer
 from aepg_jax.data import loader
-from aepg_jax.models import pretrain
+from aepg_jax.pretraining import pretrain
 from aepg_jax.runs import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -309,6 +309,27 @@ class HeadTest(parameterized.TestCase):
         self.assertAlmostEqual(float(kernel.std()), 1e-3, delta=1e-4)
         self.assertAlmostEqual(float(kernel.mean()), 0.0, delta=1e-4)
 
+    def test_uniform_head_init_is_torch_linears_and_normal_is_unchanged(self):
+        # torch's nn.Linear(D, n): weight and bias ~ U(-1/sqrt(D), 1/sqrt(D)), D = fan_in.
+        width, n = 768, 400
+        new = head.init_head(jax.random.key(3), width, n, "uniform")
+        chex.assert_shape((new["kernel"], new["bias"]), ((width, n), (n,)))
+        bound = 1 / np.sqrt(width)
+        for leaf in (new["kernel"], new["bias"]):
+            self.assertLessEqual(float(jnp.abs(leaf).max()), bound)
+            self.assertGreater(float(jnp.abs(leaf).max()), 0.95 * bound)
+        # U(-b, b) has std b / sqrt(3); the kernel's 307,200 draws pin it to ~0.2%.
+        self.assertAlmostEqual(float(new["kernel"].std()) * np.sqrt(3) / bound, 1.0, delta=0.01)
+        self.assertAlmostEqual(float(new["kernel"].mean()) / bound, 0.0, delta=0.01)
+        # The default draws exactly what it always drew: KERNEL_INIT from the key, bias 0.
+        normal = head.init_head(jax.random.key(3), width, n)
+        np.testing.assert_array_equal(
+            normal["kernel"], head.KERNEL_INIT(jax.random.key(3), (width, n), jnp.float32)
+        )
+        np.testing.assert_array_equal(normal["bias"], 0.0)
+        with pytest.raises(ValueError, match="use one of"):
+            head.init_head(jax.random.key(3), width, n, "xavier")
+
     def test_no_head_gives_empty_logits(self):
         cfg = _tiny()
         params = vit.init_params(cfg, jax.random.key(0))

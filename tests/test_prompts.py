@@ -243,10 +243,47 @@ def test_coda_checks_name_their_field():
         ("coda_pool_size", 2, r"method\.coda_pool_size=2 must be >= data\.num_tasks=3"),
         ("coda_blocks", (9,), r"method\.coda_blocks=\(9,\) has no block below model\.depth=4"),
         ("coda_ortho_weight", -1.0, r"method\.coda_ortho_weight=-1\.0 must be >= 0"),
+        ("coda_head_init", "xavier", r"method\.coda_head_init='xavier': use one of"),
     ):
         c = _method_config("coda_prompt", **{field: bad})
         with pytest.raises(ValueError, match=pattern):
             schema.validate(c)
+
+
+def test_coda_heads_start_as_torch_linear_and_every_other_methods_as_before():
+    """CODA-P's heads: its reference's nn.Linear init by default, `normal` on request; every
+    other method keeps N(0, 0.001^2)."""
+    from aepg_jax import methods
+
+    assert coda_prompt.CodaPrompt(_method_config("coda_prompt")).head_init == "uniform"
+    normal = _method_config("coda_prompt", coda_head_init="normal")
+    assert coda_prompt.CodaPrompt(normal).head_init == "normal"
+    for name, cls in methods.REGISTRY.items():
+        if name != "coda_prompt":
+            assert cls(_method_config(name)).head_init == "normal", name
+
+
+@pytest.mark.slow
+def test_a_coda_runs_heads_are_drawn_by_its_head_init(tmp_path):
+    """The run's first trainable tree (every task's head): U(+-1/sqrt(D)) kernels and biases
+    for CODA-P, N(0, 0.001^2) kernels and zero biases with `normal`, from the same keys."""
+    from aepg_jax.continual import setup
+
+    bound = 1 / np.sqrt(TINY["hidden_size"])
+    heads = {}
+    for init in ("uniform", "normal"):
+        cfg = tiny_config(
+            tmp_path / "cache", **{"method.name": "coda_prompt", "method.coda_head_init": init}
+        )
+        run = setup.build(cfg, str(tmp_path / init))
+        heads[init] = run.axis.unstack(setup.first_trainable(run))[0]["head"]
+    assert len(heads["uniform"]) == 3  # every task's head from the start
+    for t, uniform in heads["uniform"].items():
+        normal = heads["normal"][t]
+        assert 0.9 * bound < float(jnp.abs(uniform["kernel"]).max()) <= bound
+        assert 0 < float(jnp.abs(uniform["bias"]).max()) <= bound
+        assert float(jnp.abs(normal["kernel"]).max()) < 0.01
+        np.testing.assert_array_equal(normal["bias"], 0.0)
 
 
 # -- L2P++ ---------------------------------------------------------------------------------

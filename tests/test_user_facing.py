@@ -23,7 +23,7 @@ from aepg_jax import losses, main
 from aepg_jax.config import schema
 from aepg_jax.continual import plots, results, trainer
 from aepg_jax.data import loader
-from aepg_jax.models import pretrain
+from aepg_jax.pretraining import pretrain
 from aepg_jax.runs import records
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

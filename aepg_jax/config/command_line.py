@@ -50,7 +50,7 @@ OLD_NAMES = {
     "memory": "aepg_jax.system.memory",
     "progress": "aepg_jax.system.progress",
     "partition": "aepg_jax.models.partition",
-    "pretrain": "aepg_jax.models.pretrain",
+    "pretrain": "aepg_jax.pretraining.pretrain",
 }
 _OLD_NAME = re.compile(
     r"cannot import name '(\w+)' from 'aepg_jax'"  # from aepg_jax import config_lib

@@ -98,7 +98,10 @@ Fields (defaults in brackets):
                                dualprompt_e_blocks [(2, 3, 4)], dualprompt_pull_weight [1.0];
                                CODA-P coda_pool_size [100] (pool // data.num_tasks per task),
                                coda_length [8] (half key, half value), coda_blocks
-                               [(0, 1, 2, 3, 4)], coda_ortho_weight [0.0]. Default block lists
+                               [(0, 1, 2, 3, 4)], coda_ortho_weight [0.0], coda_head_init
+                               [uniform] (the heads' init: uniform, U(+-1/sqrt(D)) kernel and
+                               bias, CODA-Prompt's torch nn.Linear | normal, N(0, 0.001^2)
+                               kernel and bias 0, every other method's). Default block lists
                                are cut at model.depth (an explicit list naming a block beyond it
                                is refused); the prompt methods ignore model.peft;
                                InfLoRA inflora_blocks [(0, 1, 2, 3, 4), cut at the depth] (blocks

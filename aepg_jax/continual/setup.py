@@ -29,7 +29,8 @@ from aepg_jax.checkpoints import augreg, weights
 from aepg_jax.config import schema
 from aepg_jax.continual import steps
 from aepg_jax.data import cache, datasets, loader, source, splits
-from aepg_jax.models import head, partition, pretrain, vit
+from aepg_jax.models import head, partition, vit
+from aepg_jax.pretraining import pretrain
 from aepg_jax.runs import checkpointing, seeds
 from aepg_jax.runs.seeds import SeedAxis
 
@@ -299,15 +300,14 @@ def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
 
 
 def with_heads(run: Run, trainable: Params) -> Params:
-    """Every task's head added to every seed's tree, head t initialised from
-    `fold_in(key, 1000 + t)` as if it grew at task t's start: the tree's shapes hold for the
-    whole run (the classes of later tasks are masked, their heads get no gradient)."""
+    """Every task's head added to every seed's tree, head t initialised (`run.method.head_init`)
+    from `fold_in(key, 1000 + t)` as if it grew at task t's start: the tree's shapes hold for
+    the whole run (the classes of later tasks are masked, their heads get no gradient)."""
+    width, init = run.cfg.model.hidden_size, run.method.head_init
 
     def one_seed(i: int, tree: Params) -> Params:
         for t, n in enumerate(run.head_sizes):
-            tree = head.grow(
-                tree, jax.random.fold_in(run.keys[i], 1000 + t), n, run.cfg.model.hidden_size
-            )
+            tree = head.grow(tree, jax.random.fold_in(run.keys[i], 1000 + t), n, width, init)
         return tree
 
     return run.axis.map(one_seed, trainable)

@@ -24,6 +24,7 @@ Config:
     defaults: {field: value} added to `method.*`;  check(cfg) -> [problems]
     reference_settings: {"optim.field": value} of the method's reference implementation
     uses_model_peft: whether the method trains the `model.peft` modules
+    head_init: how its task heads start (`models/head.py` INITS; normal unless it says)
 """
 
 from __future__ import annotations
@@ -142,6 +143,12 @@ class Method:
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         self.cfg = cfg
+
+    @property
+    def head_init(self) -> str:
+        """The initialisation of every task head (`models/head.py` INITS): N(0, 0.001^2)
+        kernels and zero biases, gqk/LAE's, unless the method's reference code differs."""
+        return "normal"
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:

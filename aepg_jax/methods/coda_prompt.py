@@ -22,6 +22,10 @@ to each other, then unit-normalised; rows [0, s) keep their values bit for bit, 
 orthogonal; we project out the span of the earlier rows (identical when they are orthogonal,
 e.g. before any training, and what GS intends when training has moved them).
 
+Heads (`method.coda_head_init`): `uniform` (the default), kernel and bias ~ U(-1/sqrt(D),
+1/sqrt(D)), as the reference's `ViTZoo.last = nn.Linear(768, num_classes)` starts (torch's
+default init); `normal` gives every other method's N(0, 0.001^2) kernel and zero bias.
+
 Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): runs. Task t (domain t) adds
 its rows of components as in the class scenario; the one head covers every class
 (`prompting.py`).
@@ -38,7 +42,7 @@ import numpy as np
 
 from aepg_jax.methods import prompting
 from aepg_jax.methods.base import Params
-from aepg_jax.models import vit
+from aepg_jax.models import head, vit
 
 _RESTART_NORM = 1e-4  # a fresh vector this close to the span of the earlier rows is redrawn
 
@@ -102,6 +106,7 @@ class CodaPrompt(prompting.PromptMethod):
         "coda_length": 8,
         "coda_blocks": (0, 1, 2, 3, 4),
         "coda_ortho_weight": 0.0,
+        "coda_head_init": "uniform",
     }
 
     @classmethod
@@ -112,6 +117,8 @@ class CodaPrompt(prompting.PromptMethod):
             p.append(f"method.coda_length={m.coda_length} must be even (L/2 keys, L/2 values).")
         if not m.coda_ortho_weight >= 0:
             p.append(f"method.coda_ortho_weight={m.coda_ortho_weight} must be >= 0.")
+        if m.coda_head_init not in head.INITS:
+            p.append(f"method.coda_head_init={m.coda_head_init!r}: use one of {head.INITS}.")
         if m.name == cls.name:
             p += prompting.block_problems(
                 "coda_blocks", m.coda_blocks, cfg.model.depth, cls.defaults["coda_blocks"]
@@ -122,6 +129,10 @@ class CodaPrompt(prompting.PromptMethod):
                     f"{cfg.data.num_tasks} (each task owns pool_size // num_tasks components)."
                 )
         return p
+
+    @property
+    def head_init(self) -> str:
+        return self.cfg.method.coda_head_init
 
     @property
     def per_task(self) -> int:

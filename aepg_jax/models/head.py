@@ -1,11 +1,15 @@
 """Growing classifier (docs/algorithm.md §3): one `Dense(D, n_t)` per task, logits in task order.
 
-Kernels ~ N(0, 0.001^2), biases 0. `grow(params, rng, n)` adds task `len(heads)`'s head to an
-existing parameter tree without touching the earlier heads or anything else.
+`grow(params, rng, n, init=...)` adds task `len(heads)`'s head to an existing parameter tree
+without touching the earlier heads or anything else. Its initialisations (`INITS`):
+  normal   kernel ~ N(0, 0.001^2), bias 0 (gqk/LAE's `SimpleHead.weights_init`; `TaskHeads`'s)
+  uniform  kernel and bias ~ U(-1/sqrt(D), 1/sqrt(D)) (torch's `nn.Linear` default: the head of
+           GT-RIPL/CODA-Prompt's `ViTZoo`, CODA-P's default)
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import chex
@@ -14,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 KERNEL_INIT = nn.initializers.normal(stddev=1e-3)
+INITS = ("normal", "uniform")
 
 
 def task_name(task: int) -> str:
@@ -45,10 +50,34 @@ def head_sizes(params: dict[str, Any]) -> tuple[int, ...]:
     return tuple(heads[task_name(t)]["bias"].shape[0] for t in range(len(heads)))
 
 
+def init_head(rng: jax.Array, width: int, num_classes: int, init: str = "normal") -> dict:
+    """One head's `{"kernel": (D, n), "bias": (n,)}` (float32) under `init` (see `INITS`)."""
+    if init == "normal":
+        return {
+            "kernel": KERNEL_INIT(rng, (width, num_classes), jnp.float32),
+            "bias": jnp.zeros((num_classes,), jnp.float32),
+        }
+    if init == "uniform":  # torch's nn.Linear: kaiming_uniform(a=sqrt 5) = U(+-1/sqrt(fan_in))
+        bound = 1.0 / math.sqrt(width)
+        k_kernel, k_bias = jax.random.split(rng)
+        return {
+            "kernel": jax.random.uniform(
+                k_kernel, (width, num_classes), jnp.float32, -bound, bound
+            ),
+            "bias": jax.random.uniform(k_bias, (num_classes,), jnp.float32, -bound, bound),
+        }
+    raise ValueError(f"Unknown head init {init!r}; use one of {INITS}.")
+
+
 def grow(
-    params: dict[str, Any], rng: jax.Array, num_classes: int, width: int | None = None
+    params: dict[str, Any],
+    rng: jax.Array,
+    num_classes: int,
+    width: int | None = None,
+    init: str = "normal",
 ) -> dict[str, Any]:
-    """`params` plus a fresh head for the next task: kernel (D, n) ~ N(0, 0.001^2), bias 0.
+    """`params` plus a fresh head for the next task, kernel (D, n) and bias (n,) drawn by
+    `init_head(rng, D, n, init)`.
 
     `width` (D) defaults to the `cls` token's width; give it for a tree without the backbone.
     """
@@ -58,8 +87,5 @@ def grow(
     heads = dict(params.get("head", {}))
     new = task_name(len(heads))
     chex.assert_equal(new in heads, False)
-    heads[new] = {
-        "kernel": KERNEL_INIT(rng, (width, num_classes), jnp.float32),
-        "bias": jnp.zeros((num_classes,), jnp.float32),
-    }
+    heads[new] = init_head(rng, width, num_classes, init)
     return {**params, "head": heads}
