@@ -526,7 +526,7 @@ def main(argv: Sequence[str]) -> int:
         os.path.join(root, ".jax_cache") if args.compile_cache is None else args.compile_cache
     )
     name = os.path.abspath(args.experiment) if args.experiment.endswith(".py") else experiment.name
-    layout.write_sweep_file(root, name)
+    layout.write_sweep_file(root, name, overrides)
     try:
         with preemption.catch():
             failed, save_failed = sweep(
