@@ -292,7 +292,10 @@ def write_sweep_file(
     root = pathlib.Path(root)
     root.mkdir(parents=True, exist_ok=True)
     before = read_json(root / SWEEP_FILE) or {}
-    sets = [list(s) for s in before.get("override_sets", [[]]) if isinstance(s, list)]
+    # A sweep file without override sets was written by a sweep that recorded none: its runs
+    # are taken for the experiment's own.
+    known = before.get("override_sets", [[]] if before else [])
+    sets = [list(s) for s in known if isinstance(s, list)]
     if before.get("experiment") not in (None, experiment):
         sets = []  # another experiment's runs are not this one's
     if list(overrides) not in sets:

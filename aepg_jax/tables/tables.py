@@ -16,10 +16,9 @@ get their plots, written to `DIR/plots/`. A run whose results file cannot be
 read (truncated, say), that is missing from a run folder whose metrics.jsonl holds the last
 task's evaluation, or that holds a non-finite metric is named in one `warning:` line and counted
 as failed in its cell; a run whose results were made with another config than the experiment's
-(its identity differs, `runs/identity.py`: a field that changes results, or the content of its
-weights file; where the data is does not) is
-named with those fields and left out of its cell (`k/n done, m of another config`); a run with
-no results yet is named in its cell's `warning:` line. With any of these the command exits with
+(its identity differs: a field that changes results, or the content of its weights file;
+where the data is does not) is named with those fields and left out of its cell (`k/n done,
+m of another config`); a run with no results yet is named in its cell's `warning:` line. With any of these the command exits with
 status 1 (the tables are printed all the same).
 """
 
