@@ -20,7 +20,6 @@ from tiny import tiny_config
 
 from aepg_jax import main
 from aepg_jax.config import command_line, schema
-from aepg_jax.experiments import registry
 from aepg_jax.runs import identity
 from aepg_jax.sweep import sweep
 from aepg_jax.system import memory

@@ -18,8 +18,8 @@ task's evaluation, or that holds a non-finite metric is named in one `warning:` 
 as failed in its cell; a run whose results were made with another config than the experiment's
 (its identity differs: a field that changes results, or the content of its weights file;
 where the data is does not) is named with those fields and left out of its cell (`k/n done,
-m of another config`); a run with no results yet is named in its cell's `warning:` line. With any of these the command exits with
-status 1 (the tables are printed all the same).
+m of another config`); a run with no results yet is named in its cell's `warning:` line. With
+any of these the command exits with status 1 (the tables are printed all the same).
 """
 
 from __future__ import annotations
