@@ -4,7 +4,7 @@ saved config lacks at its schema default; `aepg_jax.main`, the sweep and the tab
 
 The saved configs under tests/fixtures/saved_configs/ are config.json of the default run
 (configs/default.py) as `aepg_jax.main` wrote it at each distinct state of the schema's history
-(named <date>-<commit>; tests/fixtures/saved_configs/README.md says how they were made)."""
+(named <date>-<commit>; tests/fixtures/make_saved_configs.py writes them)."""
 
 from __future__ import annotations
 
