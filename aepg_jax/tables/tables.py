@@ -394,13 +394,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def choose_overrides(root: str, args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]:
-    """(the overrides whose runs the tables show, a note naming the override sets `root` holds
-    when it holds several): `--config.*` given here, else none with `--no_overrides`, else
-    those of the last sweep of `root` (`sweep.json`)."""
+    """(the overrides whose runs the tables show, a note naming them and the override sets
+    `root` holds when it holds several): `--config.*` given here, else none with
+    `--no_overrides`, else those of the last sweep of `root` (`sweep.json`)."""
     latest, sets = layout.sweep_overrides(root)
     chosen = tuple(args.overrides) if args.overrides else () if args.no_overrides else tuple(latest)
     if len(sets) < 2:
-        return chosen, None
+        shown = f"these tables show the runs of {' '.join(chosen)}" if chosen else None
+        return chosen, shown
     names = "; ".join(" ".join(s) or "(none)" for s in sets)
     return chosen, (
         f"{root} holds runs of {len(sets)} override sets: {names}; these tables show "
