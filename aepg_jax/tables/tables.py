@@ -218,6 +218,20 @@ def other_config(
     return identity.differences({**saved, identity.INPUTS_KEY: found}, expected)
 
 
+def shown_results(root: str, view: View):
+    """`results_of(run)` for the plots: the results of `run` that the tables show with `view`
+    (None for a run it does not select, or of another identity)."""
+
+    def results_of(run) -> dict | None:
+        if not view.selects(run):
+            return None
+        suffix = _suffix(run, view.overrides)
+        results = layout.run_results(root, run, suffix)
+        return None if other_config(run, results, view.overrides, root, suffix) else results
+
+    return results_of
+
+
 def grid(
     root: str, experiment: Experiment, table: Table, warnings=None, view: View | None = None
 ) -> list[list[Cell]]:
@@ -454,6 +468,6 @@ def main(argv: Sequence[str]) -> int:
     if not args.no_plots:
         from aepg_jax.tables import plots
 
-        for path in plots.write_plots(args.dir, experiment):
+        for path in plots.write_plots(args.dir, experiment, shown_results(args.dir, view)):
             print(f"plot: {path}", file=sys.stderr)
     return 1 if warnings else 0
