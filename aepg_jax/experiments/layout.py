@@ -1,7 +1,8 @@
 """Where a sweep's runs live, and what is done: the directory layout shared by `aepg_jax.sweep`
 (which writes it) and `aepg_jax.tables` (which reads it).
 
-    DIR/sweep.json                       the experiment a sweep of DIR ran (for `tables DIR`)
+    DIR/sweep.json                       the experiment a sweep of DIR ran and its `--config.*`
+                                         overrides, the last and every set (for `tables DIR`)
     DIR/<run.name>/                      one run: aepg_jax.main's workdir (config.json,
                                          checkpoints/, metrics.jsonl, results.json when done)
     DIR/<run.cell_name>,seeds=A-B/       with --vmap_seeds: seeds A..B as one num_seeds program
@@ -11,9 +12,10 @@
 
 A `Unit` is what one process runs at once: one run, or (with `vmap_seeds`) the consecutive
 seeds of one cell as a single `num_seeds` program. A sweep's `--config.*` overrides that change
-a run's result (every field but those of `NOT_IDENTITY`: where files are, how often to log and
-checkpoint) give it a workdir of its own, `<run.name>+<field>=<value>...`, so that it never
-counts as, or resumes, the run of the experiment's own config; the tables read only the latter.
+a run's result (`runs/identity.py`: every field that acts but where files are, how often to
+log and checkpoint) give it a workdir of its own, `<run.name>+<field>=<value>...`, so that it
+never counts as, or resumes, the run of the experiment's own config; the tables show the runs
+of one override set (by default the last sweep's) and name the others.
 """
 
 from __future__ import annotations
