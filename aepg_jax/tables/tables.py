@@ -176,18 +176,22 @@ def _configs(run, overrides: tuple[str, ...]) -> tuple[dict, dict] | None:
 
     unit = layout.Unit((run,))
     try:
-        own = preflight.load_config(unit.config_arg, unit.overrides())
+        own = json.loads(
+            preflight.load_config(unit.config_arg, unit.overrides()).to_json_best_effort()
+        )
+        if not overrides:
+            return own, own
         mine = preflight.load_config(unit.config_arg, unit.overrides(overrides))
     except ValueError:
         return None
-    return json.loads(own.to_json_best_effort()), json.loads(mine.to_json_best_effort())
+    return own, json.loads(mine.to_json_best_effort())
 
 
 @functools.cache
 def _suffix(run, overrides: tuple[str, ...]) -> str:
     """The folder suffix the sweep gives `run` under `overrides` (`preflight.changes`)."""
-    configs = _configs(run, overrides)
-    if not overrides or configs is None:
+    configs = _configs(run, overrides) if overrides else None
+    if configs is None:
         return ""
     own, mine = configs
     flat = identity.flatten(mine)
