@@ -91,6 +91,7 @@ def test_the_fields_left_out_leave_results_json_unchanged(tmp_path):
     changed = {
         "method.ema_decay": 0.5, "method.lwf_temperature": 3.0, "method.l2p_pool_size": 7,
         "method.dualprompt_pool_size": 4, "method.coda_length": 4, "method.inflora_rank": 3,
+        "method.coda_head_init": "normal",
         "pretrain.epochs": 5, "pretrain.seed": 3, "pretrain.batch_size": 64,
         "pretrain.learning_rate": 0.1, "pretrain.shipped": False,
     }  # fmt: skip
