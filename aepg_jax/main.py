@@ -107,10 +107,12 @@ def has_checkpoint(workdir: str) -> bool:
 
 
 def check_or_save_config(cfg, workdir: str) -> None:
-    """Saves the config in a new workdir; refuses a different config in a workdir whose run has
-    a checkpoint, and replaces it in one that has none yet (a failed start, corrected)."""
+    """Saves the config, with the digests of the files it names (`identity.inputs`), in a new
+    workdir; refuses a config of another identity (`identity.differences`) in a workdir whose
+    run has a checkpoint, and replaces it in one that has none yet (a failed start, corrected)
+    or where only what leaves the identity changed (a moved weights file, say)."""
     path = os.path.join(workdir, "config.json")
-    current = json.loads(cfg.to_json_best_effort())
+    current = identity.with_inputs(json.loads(cfg.to_json_best_effort()))
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
@@ -131,7 +133,9 @@ def check_or_save_config(cfg, workdir: str) -> None:
                 "use a new --workdir, or the same config to resume that run."
             )
         # Nothing was trained that a checkpoint keeps (the corrected config starts afresh), or
-        # only where files are and how often to log changed (`identity.NOT_IDENTITY`).
+        # only where files are and how often to log changed (`identity.NOT_IDENTITY`), or the
+        # saved config predates the input digests (recorded now; the checkpoint's backbone
+        # fingerprint is still checked on resume).
     if jax.process_index() == 0:
         lock.fence(path)
         os.makedirs(workdir, exist_ok=True)

@@ -1,7 +1,8 @@
 """Where a sweep's runs live, and what is done: the directory layout shared by `aepg_jax.sweep`
 (which writes it) and `aepg_jax.tables` (which reads it).
 
-    DIR/sweep.json                       the experiment a sweep of DIR ran (for `tables DIR`)
+    DIR/sweep.json                       the experiment a sweep of DIR ran and its `--config.*`
+                                         overrides, the last and every set (for `tables DIR`)
     DIR/<run.name>/                      one run: aepg_jax.main's workdir (config.json,
                                          checkpoints/, metrics.jsonl, results.json when done)
     DIR/<run.cell_name>,seeds=A-B/       with --vmap_seeds: seeds A..B as one num_seeds program
@@ -11,18 +12,21 @@
 
 A `Unit` is what one process runs at once: one run, or (with `vmap_seeds`) the consecutive
 seeds of one cell as a single `num_seeds` program. A sweep's `--config.*` overrides that change
-a run's result (every field but those of `NOT_IDENTITY`: where files are, how often to log and
-checkpoint) give it a workdir of its own, `<run.name>+<field>=<value>...`, so that it never
-counts as, or resumes, the run of the experiment's own config; the tables read only the latter.
+a run's result (`runs/identity.py`: every field that acts but where files are, how often to
+log and checkpoint) give it a workdir of its own, `<run.name>+<field>=<value>...`, so that it
+never counts as, or resumes, the run of the experiment's own config; the tables show the runs
+of one override set (by default the last sweep's) and name the others.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import math
 import os
 import pathlib
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -51,7 +55,7 @@ class Unit:
 
     @property
     def name(self) -> str:
-        suffix = "".join(f"+{k}={v}" for k, v in self.changed)
+        suffix = suffix_of(self.changed)
         if not self.vmapped:
             return self.runs[0].name + suffix
         first, last = self.runs[0].seed, self.runs[-1].seed
@@ -105,13 +109,22 @@ def has_checkpoint(workdir: str | os.PathLike) -> bool:
 
 def saved_config(root: str | os.PathLike, unit: Unit) -> dict | None:
     """The config a unit's workdir holds a run of (finished, or with a checkpoint to resume),
-    or None: a workdir with neither takes whatever config runs next (`main`)."""
+    with its input digests (`identity.saved_inputs`: config.json's, else the weights' sha256
+    its results record), or None: a workdir with neither takes whatever config runs next
+    (`main`)."""
+    from aepg_jax.runs import identity
+
     workdir = pathlib.Path(root) / unit.name
     if not (workdir / "config.json").exists():
         return None
     if not (has_checkpoint(workdir) or any(p.exists() for p in unit.result_files(root))):
         return None
-    return read_json(workdir / "config.json")
+    config = read_json(workdir / "config.json")
+    if config is None:
+        return None
+    results = next((r for p in unit.result_files(root) if (r := read_json(p))), None)
+    found = identity.saved_inputs(config, results)
+    return {**config, identity.INPUTS_KEY: found} if found else config
 
 
 def _program_prefix(run: Run) -> str:
@@ -120,10 +133,18 @@ def _program_prefix(run: Run) -> str:
     return cell.removesuffix("defaults") if cell.endswith("/defaults") else f"{cell},"
 
 
-def _programs(root: pathlib.Path, run: Run) -> list[pathlib.Path]:
-    """The workdirs of vmapped programs of `run`'s cell under `root`."""
+def suffix_of(changed: Sequence[tuple[str, str]]) -> str:
+    """The run-folder suffix of the (field, value) pairs an override set changes."""
+    return "".join(f"+{k}={v}" for k, v in changed)
+
+
+def _programs(root: pathlib.Path, run: Run, suffix: str = "") -> list[pathlib.Path]:
+    """The workdirs of vmapped programs of `run`'s cell under `root` whose override suffix is
+    exactly `suffix` (`seeds=A-B<suffix>`)."""
     directory, _, start = _program_prefix(run).rpartition("/")
-    return sorted((root / directory).glob(f"{start}seeds=*"))
+    pattern = re.compile(re.escape(start) + r"seeds=\d+-\d+" + re.escape(suffix))
+    found = (root / directory).glob(f"{glob.escape(start)}seeds=*")
+    return sorted(p for p in found if pattern.fullmatch(p.name))
 
 
 def units(runs: Sequence[Run], vmap_seeds: bool = False) -> list[Unit]:
@@ -190,30 +211,60 @@ def read_json(path: pathlib.Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def result_paths(root: str | os.PathLike, run: Run) -> list[pathlib.Path]:
-    """Every file that may hold `run`'s results: its own workdir's results.json, and its
-    seed's in each vmapped program of its cell."""
+def result_paths(root: str | os.PathLike, run: Run, suffix: str = "") -> list[pathlib.Path]:
+    """Every file that may hold `run`'s results (run with the override set whose folder suffix
+    is `suffix`): its own workdir's results.json, and its seed's in each vmapped program of
+    its cell."""
     root = pathlib.Path(root)
-    own = [root / run.name / RESULTS_FILE]
+    own = [root / f"{run.name}{suffix}" / RESULTS_FILE]
     if run.seed is None:
         return own
-    return own + [p / f"seed_{run.seed}" / RESULTS_FILE for p in _programs(root, run)]
+    return own + [p / f"seed_{run.seed}" / RESULTS_FILE for p in _programs(root, run, suffix)]
 
 
-def run_results(root: str | os.PathLike, run: Run) -> dict | None:
+def run_results(root: str | os.PathLike, run: Run, suffix: str = "") -> dict | None:
     """The results.json of `run` in the sweep directory `root`: its own workdir's, else that of
     its seed in a vmapped program of its cell; None while it is not finished."""
-    for path in result_paths(root, run):
+    for path in result_paths(root, run, suffix):
         found = read_json(path)
         if found is not None:
             return found
     return None
 
 
-def run_error(root: str | os.PathLike, run: Run) -> str | None:
+def finished_without_results(root: str | os.PathLike, run: Run, suffix: str = "") -> str | None:
+    """The workdir of `run` when it looks finished (its metrics.jsonl holds the evaluation after
+    its config's last task) but has no readable results.json (deleted, or lost), else None."""
+    root = pathlib.Path(root)
+    dirs = [root / f"{run.name}{suffix}"]
+    if run.seed is not None:
+        dirs += [p / f"seed_{run.seed}" for p in _programs(root, run, suffix)]
+    for workdir in dirs:
+        config = read_json(workdir / "config.json") or read_json(workdir.parent / "config.json")
+        total = (config or {}).get("data", {}).get("num_tasks")
+        if not isinstance(total, int) or (workdir / RESULTS_FILE).exists():
+            continue
+        try:
+            with open(workdir / "metrics.jsonl") as f:
+                for line in f:
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    if record.get("type") == "eval" and record.get("task") == total - 1:
+                        return str(workdir)
+        except OSError:
+            continue
+    return None
+
+
+def run_error(root: str | os.PathLike, run: Run, suffix: str = "") -> str | None:
     """The error line of `run`'s last failed attempt (its own or its vmapped program's)."""
     root = pathlib.Path(root)
-    candidates = [root / run.name, *(_programs(root, run) if run.seed is not None else [])]
+    candidates = [
+        root / f"{run.name}{suffix}",
+        *(_programs(root, run, suffix) if run.seed is not None else []),
+    ]
     for directory in candidates:
         try:
             return (directory / ERROR_FILE).read_text().strip().splitlines()[0]
@@ -224,10 +275,8 @@ def run_error(root: str | os.PathLike, run: Run) -> str | None:
 
 def unit_status(root: str | os.PathLike, unit: Unit) -> str:
     """done (every run has results), failed, partial (started) or todo."""
-    if unit.changed:  # only its own workdir holds runs of its config
-        done = all(read_json(p) is not None for p in unit.result_files(root))
-    else:
-        done = all(run_results(root, r) is not None for r in unit.runs)
+    suffix = suffix_of(unit.changed)
+    done = all(run_results(root, r, suffix) is not None for r in unit.runs)
     if done:
         return "done"
     workdir = pathlib.Path(root) / unit.name
@@ -236,15 +285,43 @@ def unit_status(root: str | os.PathLike, unit: Unit) -> str:
     return "partial" if (workdir / "config.json").exists() else "todo"
 
 
-def write_sweep_file(root: str | os.PathLike, experiment: str) -> None:
-    """Records the experiment of `root` (atomically: several shards may write it at once)."""
+def write_sweep_file(
+    root: str | os.PathLike, experiment: str, overrides: Sequence[str] = ()
+) -> None:
+    """Records the experiment of `root` and the `--config.*` overrides of its latest sweep
+    (`overrides`), with every override set sweeps of `root` have run (`override_sets`, oldest
+    first), atomically: several shards may write it at once."""
     root = pathlib.Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    before = read_json(root / SWEEP_FILE) or {}
+    # A sweep file without override sets was written by a sweep that recorded none: its runs
+    # are taken for the experiment's own.
+    known = before.get("override_sets", [[]] if before else [])
+    sets = [list(s) for s in known if isinstance(s, list)]
+    if before.get("experiment") not in (None, experiment):
+        sets = []  # another experiment's runs are not this one's
+    if list(overrides) not in sets:
+        sets.append(list(overrides))
+    record = {
+        "experiment": experiment,
+        "python": sys.executable,
+        "overrides": list(overrides),
+        "override_sets": sets,
+    }
     tmp = root / f".{SWEEP_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps({"experiment": experiment, "python": sys.executable}) + "\n")
+    tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, root / SWEEP_FILE)
 
 
 def sweep_experiment(root: str | os.PathLike) -> str | None:
     found = read_json(pathlib.Path(root) / SWEEP_FILE)
     return found.get("experiment") if found else None
+
+
+def sweep_overrides(root: str | os.PathLike) -> tuple[list[str], list[list[str]]]:
+    """(the overrides of the latest sweep of `root`, every override set its sweeps ran); a
+    sweep file written before overrides were recorded: none."""
+    found = read_json(pathlib.Path(root) / SWEEP_FILE) or {}
+    latest = found.get("overrides") or []
+    sets = found.get("override_sets") or [latest]
+    return list(latest), [list(s) for s in sets if isinstance(s, list)]

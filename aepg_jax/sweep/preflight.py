@@ -148,25 +148,32 @@ def with_changes(checked: Sequence[Checked], overrides: Sequence[str]) -> list[C
         return list(checked)
     out = []
     for c in checked:
-        changed: tuple = ()
-        if c.cfg is not None:
-            own = _json(load_config(c.unit.config_arg, c.unit.overrides()))
-            mine = _json(c.cfg)
-            flat = identity.flatten(mine)
-            fields = identity.differences(own, mine)
-            changed = tuple((f, identity.value_text(flat.get(f))) for f in fields)
+        changed = changes(c.unit, c.cfg) if c.cfg is not None else ()
         out.append(Checked(dataclasses.replace(c.unit, changed=changed), c.cfg))
     return out
 
 
+def changes(unit: layout.Unit, cfg) -> tuple[tuple[str, str], ...]:
+    """The (field, value) pairs in which `cfg` (the unit's config with the user's overrides)
+    changes the result of the unit's own config: its run folder's suffix. The content of the
+    files the config names is not compared here: a weights file passed as an override (Table 1)
+    keeps the experiment's run names, and a run folder made with other weights is a conflict."""
+    own = _json(load_config(unit.config_arg, unit.overrides()))
+    mine = _json(cfg)
+    flat = identity.flatten(mine)
+    fields = identity.differences(own, mine, contents=False)
+    return tuple((f, identity.value_text(flat.get(f))) for f in fields)
+
+
 def conflicts(root: str, checked: Sequence[Checked]) -> list[tuple[layout.Unit, list[str]]]:
-    """The units whose workdir holds a run (finished, or with a checkpoint) of a config that
-    differs from the one the sweep would run, with the fields that differ."""
+    """The units whose workdir holds a run (finished, or with a checkpoint) of another identity
+    than the config the sweep would run (`identity.differences`, the content of the weights
+    file and of a folder dataset included), with the fields that differ."""
     out = []
     for c in checked:
         saved = layout.saved_config(root, c.unit) if c.cfg is not None else None
         if saved is not None:
-            fields = identity.differences(saved, _json(c.cfg))
+            fields = identity.differences(saved, identity.with_inputs(_json(c.cfg)))
             if fields:
                 out.append((c.unit, fields))
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import matplotlib
 
@@ -39,13 +39,10 @@ def _curve(results: dict, metric: str) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in results.get(metric) or []], float)
 
 
-def _draw_curves(ax, root: str, runs: Sequence[Run], plot: Plot) -> bool:
+def _draw_curves(ax, results_of: Callable, runs: Sequence[Run], plot: Plot) -> bool:
     drawn = False
     for label, members in _groups(runs, plot.series).items():
-        curves = [
-            _curve(r, plot.metric)
-            for r in filter(None, (layout.run_results(root, m) for m in members))
-        ]
+        curves = [_curve(r, plot.metric) for r in filter(None, (results_of(m) for m in members))]
         curves = [c for c in curves if c.size]
         if not curves:
             continue
@@ -60,14 +57,14 @@ def _draw_curves(ax, root: str, runs: Sequence[Run], plot: Plot) -> bool:
     return drawn
 
 
-def _draw_points(ax, root: str, runs: Sequence[Run], plot: Plot) -> bool:
+def _draw_points(ax, results_of: Callable, runs: Sequence[Run], plot: Plot) -> bool:
     drawn = False
     for label, members in _groups(runs, plot.series).items():
         xs, means, stds = [], [], []
         for x, at_x in _groups(members, plot.x).items():
             values = [
                 layout.metric(res, plot.metric)
-                for res in filter(None, (layout.run_results(root, r) for r in at_x))
+                for res in filter(None, (results_of(r) for r in at_x))
             ]
             values = [v for v in values if v is not None and math.isfinite(v)]
             if values:
@@ -86,15 +83,20 @@ def _draw_points(ax, root: str, runs: Sequence[Run], plot: Plot) -> bool:
     return drawn
 
 
-def write_plot(root: str, experiment: Experiment, plot: Plot, path: str) -> bool:
-    """Draws `plot` to `path`; False (nothing written) while none of its runs is finished."""
+def write_plot(
+    root: str, experiment: Experiment, plot: Plot, path: str, results_of: Callable | None = None
+) -> bool:
+    """Draws `plot` to `path` from each run's results (`results_of(run)`, None for a run left
+    out; default: its results.json under `root`); False (nothing written) while none of its
+    runs is finished."""
+    results_of = results_of or (lambda run: layout.run_results(root, run))
     runs = experiment.select(plot.where)
     panels = _groups(runs, plot.panel)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
     drawn = False
     for ax, (name, members) in zip(axes[0], panels.items(), strict=True):
         draw = _draw_curves if plot.x in CURVE_AXES else _draw_points
-        if draw(ax, root, members, plot):
+        if draw(ax, results_of, members, plot):
             drawn = True
             ax.set(ylabel=plot.ylabel or plot.metric, title=name or plot.title)
             ax.grid(alpha=0.3)
@@ -110,13 +112,13 @@ def write_plot(root: str, experiment: Experiment, plot: Plot, path: str) -> bool
     return drawn
 
 
-def write_plots(root: str, experiment: Experiment) -> list[str]:
-    """Every plot of `experiment` with finished runs, as `<root>/plots/<file>`."""
+def write_plots(root: str, experiment: Experiment, results_of: Callable | None = None) -> list[str]:
+    """Every plot of `experiment` with finished runs, as `<root>/plots/<file>` (`write_plot`)."""
     directory = pathlib.Path(root) / "plots"
     written = []
     for part, _, plots in experiment.sections():
         for plot in plots:
             path = os.fspath(directory / plot.file)
-            if write_plot(root, part, plot, path):
+            if write_plot(root, part, plot, path, results_of):
                 written.append(path)
     return written

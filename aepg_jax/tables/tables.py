@@ -1,19 +1,25 @@
 """An experiment's tables from a sweep's results, beside the paper's numbers.
 
     python -m aepg_jax.tables DIR [--experiment=NAME] [--format=markdown|latex|csv] [--out=FILE]
+        [--where=key=value,...] [--no_overrides | --config.<field>=<value> ...]
 
 For every cell of the experiment's tables (the paper's, or the demo's): our mean ± sample
 std over the finished runs (seeds) with their number n, the published mean ± as printed, and
 Δ = ours - paper. A cell with runs missing shows how many are done (`3/5 done`) and how many
 failed; a cell whose |Δ| > max(1, 2 x the paper's ±) is marked `(!)`. The experiment is the
-one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it. Figure experiments also
+one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it; the runs shown are those
+of the `--config.*` overrides the last sweep of DIR recorded (their run folders
+`<run>+<field>=<value>`), unless `--config.*` flags are given here (or `--no_overrides`, the
+experiment's own configs); a DIR whose sweeps ran several override sets names them in a
+`note:` line. `--where` shows only the runs it selects, as the sweep's. Figure experiments also
 get their plots, written to `DIR/plots/`. A run whose results file cannot be
-read (truncated, say) or holds a non-finite metric is named in one `warning:` line and counted
+read (truncated, say), that is missing from a run folder whose metrics.jsonl holds the last
+task's evaluation, or that holds a non-finite metric is named in one `warning:` line and counted
 as failed in its cell; a run whose results were made with another config than the experiment's
-(its saved config differs in a field that changes results; where the data is does not) is
-named with those fields and left out of its cell (`k/n done, m of another config`); a run with
-no results yet is named in its cell's `warning:` line. With any of these the command exits with
-status 1 (the tables are printed all the same).
+(its identity differs: a field that changes results, or the content of its weights file;
+where the data is does not) is named with those fields and left out of its cell (`k/n done,
+m of another config`); a run with no results yet is named in its cell's `warning:` line. With
+any of these the command exits with status 1 (the tables are printed all the same).
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ import io
 import json
 import math
 import os
+import pathlib
 import sys
 from collections.abc import Sequence
 
 import numpy as np
 
+from aepg_jax import experiments
 from aepg_jax.experiments import Column, Experiment, Published, Row, Table, layout, registry
 from aepg_jax.runs import identity
 from aepg_jax.system import cli
@@ -79,12 +87,18 @@ class Cell:
         return max(1, self.published.decimals) if self.published else 1
 
 
-def damage(root: str, run, results: dict | None, name: str) -> str | None:
+def damage(root: str, run, results: dict | None, name: str, suffix: str = "") -> str | None:
     """Why `run`'s results are unusable for metric `name` (None when they are fine or the run
-    is not finished): a results file that exists but cannot be read, or a non-finite value."""
+    is not finished): a results file that exists but cannot be read, a run folder that looks
+    finished (its last task evaluated) without one, or a non-finite value."""
     if results is None:
-        unreadable = [p for p in layout.result_paths(root, run) if p.exists()]
-        return f"{unreadable[0]} cannot be read as a results object" if unreadable else None
+        unreadable = [p for p in layout.result_paths(root, run, suffix) if p.exists()]
+        if unreadable:
+            return f"{unreadable[0]} cannot be read as a results object"
+        lost = layout.finished_without_results(root, run, suffix)
+        if lost:
+            return f"{lost} has its last task's evaluation in metrics.jsonl but no results.json"
+        return None
     value = results.get(name)
     finite = isinstance(value, int | float) and math.isfinite(value)
     if name in results and not finite:  # NaN / inf are written as null (runs/records.py)
@@ -93,38 +107,47 @@ def damage(root: str, run, results: dict | None, name: str) -> str | None:
 
 
 def cell(
-    root: str, experiment: Experiment, table: Table, row: Row, col: Column, warnings=None
+    root: str,
+    experiment: Experiment,
+    table: Table,
+    row: Row,
+    col: Column,
+    warnings=None,
+    view: View | None = None,
 ) -> Cell:
-    """The runs of (row, col) and the metric of those that are finished; a damaged run
-    (`damage`) counts as failed and its reason is added to `warnings` (a set)."""
+    """The runs of (row, col) (those `view.where` selects) and the metric of those that are
+    finished with `view.overrides`; a damaged run (`damage`, or a finished-looking run folder
+    without results.json) counts as failed and its reason is added to `warnings` (a set)."""
+    view = view or View()
     where = {**row.where, **col.where}
-    runs = experiment.select(where)
+    runs = [r for r in experiment.select(where) if view.selects(r)]
     values, failed, other = [], 0, 0
     missing = []
     for run in runs:
-        results = layout.run_results(root, run)
-        changed = other_config(run, results)
+        suffix = _suffix(run, view.overrides)
+        results = layout.run_results(root, run, suffix)
+        changed = other_config(run, results, view.overrides, root, suffix)
         if changed:
             other += 1
             if warnings is not None:
                 warnings.add(
-                    f"{run.name}: its results are of another config than the experiment's "
-                    f"(differs in: {', '.join(changed)}); left out of its cell: run the sweep "
-                    "again with --rerun_changed"
+                    f"{run.name}{suffix}: its results are of another config than the "
+                    f"experiment's (differs in: {', '.join(changed)}); left out of its cell: run "
+                    "the sweep again with --rerun_changed"
                 )
             continue
         value = None if results is None else layout.metric(results, col.metric)
-        problem = damage(root, run, results, col.metric) if value is None else None
+        problem = damage(root, run, results, col.metric, suffix) if value is None else None
         if value is not None:
             values.append(value)
         elif problem is not None:
             failed += 1
             if warnings is not None:
                 warnings.add(f"{problem}; counted as failed")
-        elif results is None and layout.run_error(root, run) is not None:
+        elif results is None and layout.run_error(root, run, suffix) is not None:
             failed += 1
         elif results is None:
-            missing.append(run.name)
+            missing.append(run.name + suffix)
     if missing and warnings is not None:
         warnings.add(
             f"{len(missing)} of the runs of cell ({row.label}, {col.label}) have no results "
@@ -133,30 +156,92 @@ def cell(
     return Cell(tuple(values), len(runs), failed, table.published(row, col), other)
 
 
+@dataclasses.dataclass(frozen=True)
+class View:
+    """Which runs the tables show: those `where` selects (`key=value,...`, as the sweep's
+    `--where`; None: all), run with the `--config.*` `overrides`."""
+
+    overrides: tuple[str, ...] = ()
+    where: str | None = None
+
+    def selects(self, run) -> bool:
+        return not self.where or bool(experiments.filter_runs([run], self.where))
+
+
 @functools.cache
-def _expected(run) -> dict | None:
-    """The config of `run` as the experiment defines it (JSON), None if it does not build."""
+def _configs(run, overrides: tuple[str, ...]) -> tuple[dict, dict] | None:
+    """(the experiment's own config of `run`, the config with `overrides`), as JSON; None if
+    either does not build."""
     from aepg_jax.sweep import preflight
 
     unit = layout.Unit((run,))
     try:
-        cfg = preflight.load_config(unit.config_arg, unit.overrides())
+        own = json.loads(
+            preflight.load_config(unit.config_arg, unit.overrides()).to_json_best_effort()
+        )
+        if not overrides:
+            return own, own
+        mine = preflight.load_config(unit.config_arg, unit.overrides(overrides))
     except ValueError:
         return None
-    return json.loads(cfg.to_json_best_effort())
+    return own, json.loads(mine.to_json_best_effort())
 
 
-def other_config(run, results: dict | None) -> list[str]:
-    """The fields in which the config `results` were made with differs from the experiment's
-    config of `run` ([] when they agree, or either is unknown)."""
+@functools.cache
+def _suffix(run, overrides: tuple[str, ...]) -> str:
+    """The folder suffix the sweep gives `run` under `overrides` (`preflight.changes`)."""
+    configs = _configs(run, overrides) if overrides else None
+    if configs is None:
+        return ""
+    own, mine = configs
+    flat = identity.flatten(mine)
+    fields = identity.differences(own, mine, contents=False)
+    return layout.suffix_of([(f, identity.value_text(flat.get(f))) for f in fields])
+
+
+@functools.cache
+def _expected(run, overrides: tuple[str, ...] = ()) -> dict | None:
+    """The config of `run` as the experiment defines it with `overrides` (JSON, with the digests
+    of the files it names), None if it does not build."""
+    configs = _configs(run, overrides)
+    return None if configs is None else identity.with_inputs(configs[1])
+
+
+def other_config(
+    run, results: dict | None, overrides: tuple[str, ...] = (), root: str = "", suffix: str = ""
+) -> list[str]:
+    """The fields in which the config `results` were made with (with the input digests its run
+    folder's config.json or results record) differs from the experiment's config of `run` with
+    `overrides` ([] when they agree, or either is unknown)."""
     saved = (results or {}).get("config")
-    expected = _expected(run) if isinstance(saved, dict) else None
-    return identity.differences(saved, expected) if expected is not None else []
+    expected = _expected(run, tuple(overrides)) if isinstance(saved, dict) else None
+    if expected is None:
+        return []
+    folder = layout.read_json(pathlib.Path(root, f"{run.name}{suffix}", "config.json"))
+    found = identity.saved_inputs(folder, results)
+    return identity.differences({**saved, identity.INPUTS_KEY: found}, expected)
 
 
-def grid(root: str, experiment: Experiment, table: Table, warnings=None) -> list[list[Cell]]:
+def shown_results(root: str, view: View):
+    """`results_of(run)` for the plots: the results of `run` that the tables show with `view`
+    (None for a run it does not select, or of another identity)."""
+
+    def results_of(run) -> dict | None:
+        if not view.selects(run):
+            return None
+        suffix = _suffix(run, view.overrides)
+        results = layout.run_results(root, run, suffix)
+        return None if other_config(run, results, view.overrides, root, suffix) else results
+
+    return results_of
+
+
+def grid(
+    root: str, experiment: Experiment, table: Table, warnings=None, view: View | None = None
+) -> list[list[Cell]]:
     return [
-        [cell(root, experiment, table, r, c, warnings) for c in table.columns] for r in table.rows
+        [cell(root, experiment, table, r, c, warnings, view) for c in table.columns]
+        for r in table.rows
     ]
 
 
@@ -165,6 +250,8 @@ def _num(x: float, d: int, sign: bool = False) -> str:
 
 
 def ours_text(c: Cell, pm: str = "±") -> str:
+    if not c.expected:
+        return "— (no run selected)"
     d = c.decimals()
     if c.mean is None:
         text = "—"
@@ -271,11 +358,19 @@ def csv_rows(table: Table, cells: list[list[Cell]]) -> list[dict]:
     return out
 
 
-def render(root: str, experiment: Experiment, fmt: str, warnings: set | None = None) -> str:
-    """Every table of `experiment` from the results under `root`, in `fmt`; the damaged runs'
-    reasons are added to `warnings`."""
+def render(
+    root: str,
+    experiment: Experiment,
+    fmt: str,
+    warnings: set | None = None,
+    view: View | None = None,
+) -> str:
+    """Every table of `experiment` from the results under `root` (the runs `view` selects, with
+    its overrides), in `fmt`; the damaged runs' reasons are added to `warnings`."""
     blocks = [
-        (t, grid(root, e, t, warnings)) for e, tables, _ in experiment.sections() for t in tables
+        (t, grid(root, e, t, warnings, view))
+        for e, tables, _ in experiment.sections()
+        for t in tables
     ]
     if fmt == "csv":
         buffer = io.StringIO()
@@ -299,7 +394,38 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--format", choices=FORMATS, default="markdown")
     parser.add_argument("--out", help="write the tables to this file (default: stdout)")
     parser.add_argument("--no_plots", action="store_true", help="skip the figure plots")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--where", help="only the runs whose arguments match, as the sweep's, e.g. method=plain"
+    )
+    parser.add_argument(
+        "--no_overrides",
+        action="store_true",
+        help="the runs of the experiment's own configs, not those of the overrides DIR's last "
+        "sweep recorded",
+    )
+    args, rest = parser.parse_known_args(argv)
+    bad = [a for a in rest if not a.startswith("--config.")]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = rest
+    return args
+
+
+def choose_overrides(root: str, args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]:
+    """(the overrides whose runs the tables show, a note naming them and the override sets
+    `root` holds when it holds several): `--config.*` given here, else none with
+    `--no_overrides`, else those of the last sweep of `root` (`sweep.json`)."""
+    latest, sets = layout.sweep_overrides(root)
+    chosen = tuple(args.overrides) if args.overrides else () if args.no_overrides else tuple(latest)
+    if len(sets) < 2:
+        shown = f"these tables show the runs of {' '.join(chosen)}" if chosen else None
+        return chosen, shown
+    names = "; ".join(" ".join(s) or "(none)" for s in sets)
+    return chosen, (
+        f"{root} holds runs of {len(sets)} override sets: {names}; these tables show "
+        f"{' '.join(chosen) or '(none)'} (pass that set's --config.* flags, or --no_overrides "
+        "for none, to show another)"
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -317,8 +443,21 @@ def main(argv: Sequence[str]) -> int:
         experiment = registry.get(name)
     except ValueError as err:
         cli.fail(str(err))
+    overrides, note = choose_overrides(args.dir, args)
+    if note:
+        print(f"note: {note}.", file=sys.stderr)
+    unit = layout.Unit((experiment.runs()[0],))
+    try:  # a misspelt override is one line, as in the sweep
+        from aepg_jax.sweep import preflight
+
+        preflight.load_config(unit.config_arg, unit.overrides(overrides))
+        if args.where and not experiments.filter_runs(experiment.runs(), args.where):
+            raise ValueError(f"--where={args.where} matches none of {experiment.name}'s runs.")
+    except ValueError as err:
+        cli.fail(str(err))
     warnings: set[str] = set()
-    text = render(args.dir, experiment, args.format, warnings)
+    view = View(overrides, args.where)
+    text = render(args.dir, experiment, args.format, warnings, view)
     if args.out:
         try:
             with open(args.out, "w") as f:
@@ -333,7 +472,6 @@ def main(argv: Sequence[str]) -> int:
     if not args.no_plots:
         from aepg_jax.tables import plots
 
-        for path in plots.write_plots(args.dir, experiment):
+        for path in plots.write_plots(args.dir, experiment, shown_results(args.dir, view)):
             print(f"plot: {path}", file=sys.stderr)
     return 1 if warnings else 0
-
