@@ -224,6 +224,27 @@ def test_a_field_missing_from_a_saved_config_compares_at_its_schema_default():
     assert identity.differences(old, today) == ["model.family"]
 
 
+def test_a_field_whose_default_is_not_what_earlier_runs_did_compares_at_the_earlier_value():
+    """CODA-P's heads were N(0, 0.001^2) before `method.coda_head_init` existed: an earlier
+    CODA-P run is the `normal` one, not the new default."""
+    today = _default()
+    today["method"]["name"] = "coda_prompt"
+    old = json.loads(json.dumps(today))
+    del old["method"]["coda_head_init"]
+    assert today["method"]["coda_head_init"] == "uniform"
+    assert identity.differences(old, today) == ["method.coda_head_init"]
+    today["method"]["coda_head_init"] = "normal"
+    assert identity.differences(old, today) == []
+    today["method"]["name"] = old["method"]["name"] = "lae"  # another method's field: inactive
+    del today["method"]["coda_head_init"]
+    assert (
+        identity.differences(
+            old, {**today, "method": {**today["method"], "coda_head_init": "uniform"}}
+        )
+        == []
+    )
+
+
 # --- the sweep and the tables ----------------------------------------------------------------
 
 

@@ -16,11 +16,13 @@ expected configs with `differences`.
    `pretrained`). tests/test_identity.py shows results.json unchanged when they change.
 3. A field missing from a saved config (written before the field existed) compares equal at
    its current default, taken from the schema (`schema.base_config`, or the from-scratch
-   trainer's): a run written by an earlier version resumes. An input digest missing from a
-   saved config (written before digests were saved) is not compared there: the checkpoint's
-   backbone fingerprint is still checked on resume (`continual/trainer.py`), and a finished
-   run's results.json records its weights' sha256 (`backbone_source.sha256`), which
-   `saved_inputs` reads.
+   trainer's): a run written by an earlier version resumes. A field whose default is not what
+   earlier versions did compares at that earlier value (`EARLIER_VALUES`: an earlier CODA-P run
+   differs in `method.coda_head_init` and resumes with `--config.method.coda_head_init=normal`).
+   An input digest missing from a saved config (written before digests were saved) is not
+   compared there: the checkpoint's backbone fingerprint is still checked on resume
+   (`continual/trainer.py`), and a finished run's results.json records its weights' sha256
+   (`backbone_source.sha256`), which `saved_inputs` reads.
 
 `eval.batch_size` and `optim.steps_per_call` stay in: results.json measurably changes with them
 (the entropy's float sums with the eval batch; the scanned steps' float order).
@@ -43,6 +45,10 @@ NOT_IDENTITY = frozenset({
     "pretrain.data_dir", "pretrain.cache_dir", "log_every_steps", "checkpoint_every_steps",
     "checkpoint_every_minutes", "checkpoint_every_epochs", "tensorboard", "distributed",
 })  # fmt: skip
+
+# Fields added with a default that is not what configs written before them ran with: a saved
+# config without the field compares at this value instead of the schema's default.
+EARLIER_VALUES = {"method.coda_head_init": "normal"}  # CODA-P's heads were N(0, 0.001^2)
 
 INPUTS_KEY = "inputs"  # config.json's {field: digest} of the files the config names
 DIGEST_CACHE_ENV = "AEPG_DIGEST_CACHE"  # the file digests' cache (default ~/.cache/aepg_jax)
@@ -228,7 +234,8 @@ def differences(a: dict, b: dict, *, contents: bool = True) -> list[str]:
     for k in fa.keys() | fb.keys():
         if k in skip:
             continue
-        va, vb = fa.get(k, da.get(k, _MISSING)), fb.get(k, db.get(k, _MISSING))
+        va = fa.get(k, EARLIER_VALUES.get(k, da.get(k, _MISSING)))
+        vb = fb.get(k, EARLIER_VALUES.get(k, db.get(k, _MISSING)))
         if va != vb:
             out.append(k)
     if contents:
