@@ -438,6 +438,46 @@ def test_a_follower_is_fenced_by_its_leaders_claim(tmp_path, monkeypatch):
         lock.release(str(tmp_path))
 
 
+TWO_PROCESSES = """
+import json, os, sys
+from aepg_jax.system import hosts
+hosts.initialize(False)
+import jax
+from aepg_jax.runs import lock
+workdir, path = sys.argv[1], os.path.join(sys.argv[1], "checkpoints")
+with lock.hold_run(workdir):
+    lock.fence(path, now=True)
+    hosts.everywhere(True)
+    if hosts.is_main():  # a taker's claim, newer than process 0's
+        gen = lock.claim_number(workdir) + 1
+        with open(os.path.join(workdir, lock.CLAIMS_DIR, f"{gen:010d}.json"), "w") as f:
+            json.dump({"host": "other-node", "pid": 1, "since": 0.0, "beat": 0.0}, f)
+    hosts.everywhere(True)
+    try:
+        lock.fence(path, now=True)
+        print(jax.process_index(), "writes", flush=True)
+    except lock.Lost:
+        print(jax.process_index(), "lost", flush=True)
+    hosts.everywhere(True)
+"""
+
+
+def test_every_process_of_a_multi_process_run_is_fenced(tmp_path):
+    """Two processes (~5 s): process 0 takes the lock, process 1 follows its claim; once a
+    newer claim exists both are fenced."""
+    from aepg_jax.launch import launch
+
+    port, env = launch.free_port(), {**os.environ, lock.ENV_FLOCK: "0"}
+    cmd = [sys.executable, "-c", TWO_PROCESSES, str(tmp_path)]
+    kwargs = dict(cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(cmd, env=launch.process_env(env, 2, i, port, 1), **kwargs)
+             for i in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [o.strip() for o, _ in outs] == ["0 lost", "1 lost"], outs
+    assert _gens(tmp_path) == [1, 2]  # process 1 wrote no claim of its own
+
+
 # ---------------------------------------------------------------- slow: real runs
 # The fixture and both tests: 4 min on the project's 2-core CPU shared with other jobs, 2026-11-25.
 
