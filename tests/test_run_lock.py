@@ -1,8 +1,11 @@
 """runs/lock.py: a workdir is held by one run at a time. Fast: a second holder is refused with
 the holder named, a SIGKILLed holder's lock is taken over, a fresh heartbeat of another host
-refuses even where flock would allow, a stale one is taken over. Slow: two real `aepg_jax.main`
-on one workdir (the second exits 2 in one line, the first's files equal an undisturbed run's);
-the holder SIGKILLed mid-run, a new run takes over and ends with the undisturbed run's results."""
+refuses even where flock would allow, a stale one is taken over; a stalled taker does not hold,
+the first fence checks, a dead pid counts only on the same machine, a lost holder's in-flight
+save is not committed, both processes of a two-process run are fenced. Slow: two real
+`aepg_jax.main` on one workdir (the second exits 2 in one line, the first's files equal an
+undisturbed run's); the holder SIGKILLed mid-run, a new run takes over and ends with the
+undisturbed run's results."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import sweep_fake
 from aepg_jax.runs import lock, records
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+TMP = ".orbax-checkpoint-tmp"  # Orbax's unfinished saves: `<step>.orbax-checkpoint-tmp.<claim>`
 
 HOLDER = """
 import sys, time
@@ -279,7 +283,7 @@ def test_a_stalled_taker_that_recreates_a_removed_claim_does_not_hold(tmp_path, 
         others[0].release()
         others.append(lock._take(str(run), use_flock=False))
         assert _gens(run) == [3]
-        saving = run / "checkpoints" / f"10{lock_tmp_suffix}.3"
+        saving = run / "checkpoints" / f"10{TMP}.3"
         saving.mkdir(parents=True)
         (saving / "state").write_text("in flight")
 
@@ -290,11 +294,8 @@ def test_a_stalled_taker_that_recreates_a_removed_claim_does_not_hold(tmp_path, 
     assert f"pid {os.getpid()} since " in str(err.value)
     assert _gens(run) == [3] and lock.read_holder(str(run)).token == third.token
     assert third.owns()
-    assert (run / "checkpoints" / f"10{lock_tmp_suffix}.3" / "state").read_text() == "in flight"
+    assert (run / "checkpoints" / f"10{TMP}.3" / "state").read_text() == "in flight"
     third.release()
-
-
-lock_tmp_suffix = ".orbax-checkpoint-tmp"
 
 
 def test_the_first_fence_after_acquiring_checks(tmp_path, monkeypatch):
@@ -394,7 +395,7 @@ def test_a_taker_removes_the_unfinished_saves_it_inherited_and_saves_under_its_c
     from aepg_jax.runs import checkpointing
 
     monkeypatch.setenv(lock.ENV_FLOCK, "0")
-    left = tmp_path / "checkpoints" / f"7{lock_tmp_suffix}.1"
+    left = tmp_path / "checkpoints" / f"7{TMP}.1"
     left.mkdir(parents=True)
     (left / "state").write_text("a dead holder's unfinished save")
     _claim(tmp_path, 1, machine=lock._machine())  # its pid gone on this machine
@@ -410,12 +411,12 @@ def test_a_taker_removes_the_unfinished_saves_it_inherited_and_saves_under_its_c
         monkeypatch.setattr(checkpointing._FencedTemporaryPath, "finalize", spy)
         _save(ckpt, 8)
         ckpt.wait()
-        assert f"8{lock_tmp_suffix}.2" in seen
+        assert f"8{TMP}.2" in seen
         assert sorted(os.listdir(tmp_path / "checkpoints")) == ["8"]
         restored, meta = ckpt.restore_latest(lambda m: {"state": {"w": np.zeros(4)}})
         assert meta["step"] == 8 and restored["state"]["w"].tolist() == [8.0, 9.0, 10.0, 11.0]
         ckpt.close()
-    unlocked = tmp_path / "unlocked" / "checkpoints" / f"3{lock_tmp_suffix}"
+    unlocked = tmp_path / "unlocked" / "checkpoints" / f"3{TMP}"
     unlocked.mkdir(parents=True)
     checkpointing.Checkpointer(str(unlocked.parent)).close()  # no lock, nothing inherited
     assert unlocked.exists()
@@ -589,12 +590,13 @@ def test_a_paused_run_taken_over_writes_nothing_after_it_resumes(undisturbed, tm
 def _snapshot(workdir: pathlib.Path) -> dict:
     """Every file under `workdir` but the claims (path -> bytes), and Orbax's unfinished
     checkpoint writes: a save in flight when the holder was stopped goes on in Orbax's thread
-    into its temporary directory (docs/running.md); that it never becomes a checkpoint is
-    checked by the committed steps being the same."""
+    into its own temporary directory until its commit, which the lock refuses
+    (docs/running.md); that it never becomes a checkpoint is checked by the committed steps
+    being the same."""
     return {
         str(p.relative_to(workdir)): p.read_bytes()
         for p in sorted(workdir.rglob("*"))
         if p.is_file()
         and lock.CLAIMS_DIR not in p.parts
-        and not any(".orbax-checkpoint-tmp" in part for part in p.parts)
+        and not any(TMP in part for part in p.parts)
     }
