@@ -479,7 +479,11 @@ def _take(workdir: str, use_flock: bool) -> _Lock:
             raise Busy(busy_message(workdir, read_holder(workdir)))
         # A taker stalled since it read `newest` may have re-created a number that cleanup
         # removed after a newer claim was made: the claim is held only if still the newest.
-        if _newest_gen(workdir) != lock.gen:
+        try:
+            still_newest = _newest_gen(workdir) == lock.gen
+        except OSError:
+            still_newest = False
+        if not still_newest:
             with contextlib.suppress(OSError):
                 os.remove(_claim_path(workdir, lock.gen))
             raise Busy(busy_message(workdir, read_holder(workdir)))
