@@ -1,8 +1,11 @@
 """runs/lock.py: a workdir is held by one run at a time. Fast: a second holder is refused with
 the holder named, a SIGKILLed holder's lock is taken over, a fresh heartbeat of another host
-refuses even where flock would allow, a stale one is taken over. Slow: two real `aepg_jax.main`
-on one workdir (the second exits 2 in one line, the first's files equal an undisturbed run's);
-the holder SIGKILLed mid-run, a new run takes over and ends with the undisturbed run's results."""
+refuses even where flock would allow, a stale one is taken over; a stalled taker does not hold,
+the first fence checks, a dead pid counts only on the same machine, a lost holder's in-flight
+save is not committed, both processes of a two-process run are fenced. Slow: two real
+`aepg_jax.main` on one workdir (the second exits 2 in one line, the first's files equal an
+undisturbed run's); the holder SIGKILLed mid-run, a new run takes over and ends with the
+undisturbed run's results."""
 
 from __future__ import annotations
 
@@ -15,14 +18,17 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
+import numpy as np
 import pytest
 import sweep_fake
 
 from aepg_jax.runs import lock, records
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+TMP = ".orbax-checkpoint-tmp"  # Orbax's unfinished saves: `<step>.orbax-checkpoint-tmp.<claim>`
 
 HOLDER = """
 import sys, time
@@ -240,6 +246,239 @@ def test_a_paused_holder_taken_over_writes_nothing_after_it_resumes(tmp_path):
     assert f"pid {os.getpid()} since " in lines[0]
 
 
+def _claim(workdir: pathlib.Path, gen: int, age: float = 0.0, **fields) -> None:
+    """Claim `gen` in `workdir`: this host's, a dead pid, `fields` over those (its heartbeat
+    `age` seconds old by the file's mtime)."""
+    (workdir / lock.CLAIMS_DIR).mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout  # fmt: skip
+    record = {"host": socket.gethostname(), "pid": int(dead), "since": now - age - 60,
+              "beat": now - age, **fields}  # fmt: skip
+    path = workdir / lock.CLAIMS_DIR / f"{gen:010d}.json"
+    path.write_text(json.dumps(record))
+    os.utime(path, (now - age, now - age))
+
+
+def _gens(workdir: pathlib.Path) -> list[int]:
+    return sorted(int(n[:-5]) for n in os.listdir(workdir / lock.CLAIMS_DIR) if n.endswith(".json"))
+
+
+def test_a_stalled_taker_that_recreates_a_removed_claim_does_not_hold(tmp_path, monkeypatch):
+    """Heartbeats alone. A taker judges claim 1 stale and stalls before creating claim 2;
+    meanwhile a second taker takes claim 2 and releases, a third takes claim 3 (removing claim
+    2) and is saving. The stalled taker then creates claim 2 anew: it is refused, its claim
+    removed again, and the third's lock and in-flight save are untouched."""
+    run = tmp_path / "run"
+    monkeypatch.setenv(lock.ENV_FLOCK, "0")
+    monkeypatch.setenv(lock.ENV_STALE, "30")
+    _claim(run, 1, age=60, machine="another machine")
+    others, stalled = [], []
+
+    def stall(taker) -> None:
+        if stalled:  # the other takers' own claims
+            return
+        stalled.append(taker)
+        others.append(lock._take(str(run), use_flock=False))
+        others[0].release()
+        others.append(lock._take(str(run), use_flock=False))
+        assert _gens(run) == [3]
+        saving = run / "checkpoints" / f"10{TMP}.3"
+        saving.mkdir(parents=True)
+        (saving / "state").write_text("in flight")
+
+    monkeypatch.setattr(lock, "_before_claim", stall)
+    with pytest.raises(lock.Busy) as err:
+        lock.acquire(str(run))
+    third = others[1]
+    assert f"pid {os.getpid()} since " in str(err.value)
+    assert _gens(run) == [3] and lock.read_holder(str(run)).token == third.token
+    assert third.owns()
+    assert (run / "checkpoints" / f"10{TMP}.3" / "state").read_text() == "in flight"
+    third.release()
+
+
+def test_the_first_fence_after_acquiring_checks(tmp_path, monkeypatch):
+    monkeypatch.setenv(lock.ENV_FLOCK, "0")
+    with lock.hold(str(tmp_path)):
+        _claim(tmp_path, 2)  # taken over at once
+        with pytest.raises(lock.Lost):  # the first fence after acquiring re-reads the claims
+            lock.fence(tmp_path / "metrics.jsonl")
+    with lock.hold(str(tmp_path / "later")):
+        lock.fence(tmp_path / "later" / "metrics.jsonl")
+        _claim(tmp_path / "later", 2)
+        lock.fence(tmp_path / "later" / "metrics.jsonl")  # then: at most every FENCE_S
+        with pytest.raises(lock.Lost):
+            lock.fence(tmp_path / "later" / "metrics.jsonl", now=True)
+
+
+def test_a_dead_pid_under_this_hostname_is_dead_only_on_this_machine(tmp_path, monkeypatch):
+    """Two containers with one hostname: a claim of this hostname whose pid is gone here is a
+    dead holder's only when its machine (boot or machine id, pid namespace) is this one's; a
+    claim without one (an earlier version's) is judged by its heartbeat alone."""
+    monkeypatch.setenv(lock.ENV_FLOCK, "0")
+    monkeypatch.setenv(lock.ENV_STALE, "30")
+    assert lock._machine()  # this Linux has a boot id
+    _claim(tmp_path / "other", 1, age=1, machine="another-boot-id/pid:[1]")
+    with pytest.raises(lock.Busy):
+        lock.acquire(str(tmp_path / "other"))
+    _claim(tmp_path / "old", 1, age=1)  # written by an earlier version: no machine
+    with pytest.raises(lock.Busy) as err:
+        lock.acquire(str(tmp_path / "old"))
+    assert "claim names no machine" in str(err.value) and lock.ENV_STALE in str(err.value)
+    _claim(tmp_path / "old", 1, age=31)
+    with lock.hold(str(tmp_path / "old")):  # its heartbeat went stale
+        assert lock.read_holder(str(tmp_path / "old")).machine == lock._machine()
+    _claim(tmp_path / "here", 1, age=1, machine=lock._machine())
+    with lock.hold(str(tmp_path / "here")):  # this machine's, its pid gone: dead at once
+        assert _gens(tmp_path / "here") == [2]
+        assert lock.inherited(tmp_path / "here" / "checkpoints").gen == 1
+
+
+def test_a_released_claim_of_an_earlier_version_is_taken_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv(lock.ENV_FLOCK, "0")
+    record = {"host": "n1", "pid": 7, "since": 1.0, "beat": 2.0, "job": None, "restart": 0,
+              "token": "ab", "released": True}  # fmt: skip
+    (tmp_path / lock.CLAIMS_DIR).mkdir()
+    (tmp_path / lock.CLAIMS_DIR / f"{4:010d}.json").write_text(json.dumps(record))
+    with lock.hold(str(tmp_path)):
+        assert _gens(tmp_path) == [5] and lock.inherited(tmp_path) is None
+
+
+def _save(ckpt, step: int) -> None:
+    ckpt.save(step, {"state": {"w": np.arange(4.0) + step}}, {"step": step})
+
+
+def test_a_holder_that_lost_the_run_commits_no_save_in_flight(tmp_path, monkeypatch):
+    """A save started under a lock that is then taken over, or released (as a sweep worker
+    releases a run on `Lost`), before Orbax commits it: nothing becomes a checkpoint, its
+    temporary directory is gone, the next wait raises Lost."""
+    from aepg_jax.runs import checkpointing
+
+    monkeypatch.setenv(lock.ENV_FLOCK, "0")
+    monkeypatch.setattr(lock, "FENCE_S", 1e9)  # only the commit's own check reads the claims
+    gate = threading.Event()
+    finalize = checkpointing._FencedTemporaryPath.finalize
+
+    async def gated(self):  # the commit waits until the test has taken the lock away
+        gate.wait(timeout=60)
+        await finalize(self)
+
+    monkeypatch.setattr(checkpointing._FencedTemporaryPath, "finalize", gated)
+    for case in ("taken_over", "released"):
+        run = tmp_path / case
+        lock.acquire(str(run))
+        ckpt = checkpointing.Checkpointer(str(run / "checkpoints"))
+        gate.set()
+        _save(ckpt, 1)
+        ckpt.wait()
+        gate.clear()
+        _save(ckpt, 2)
+        if case == "taken_over":
+            _claim(run, 2, machine="another machine")
+        else:
+            lock.release(str(run))
+        gate.set()
+        with pytest.raises(lock.Lost) as err:
+            ckpt.wait()
+        assert sorted(os.listdir(run / "checkpoints")) == ["1"], case
+        if case == "taken_over":
+            assert "was taken over by " in str(err.value)
+            lock.release(str(run))
+        else:
+            assert "was released by this process" in str(err.value)
+
+
+def test_a_taker_removes_the_unfinished_saves_it_inherited_and_saves_under_its_claim(
+    tmp_path, monkeypatch
+):
+    from aepg_jax.runs import checkpointing
+
+    monkeypatch.setenv(lock.ENV_FLOCK, "0")
+    left = tmp_path / "checkpoints" / f"7{TMP}.1"
+    left.mkdir(parents=True)
+    (left / "state").write_text("a dead holder's unfinished save")
+    _claim(tmp_path, 1, machine=lock._machine())  # its pid gone on this machine
+    with lock.hold(str(tmp_path)):
+        ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
+        seen = []
+        finalize = checkpointing._FencedTemporaryPath.finalize
+
+        async def spy(self):
+            seen.append(self._tmp_path.name)
+            await finalize(self)
+
+        monkeypatch.setattr(checkpointing._FencedTemporaryPath, "finalize", spy)
+        _save(ckpt, 8)
+        ckpt.wait()
+        assert f"8{TMP}.2" in seen
+        assert sorted(os.listdir(tmp_path / "checkpoints")) == ["8"]
+        restored, meta = ckpt.restore_latest(lambda m: {"state": {"w": np.zeros(4)}})
+        assert meta["step"] == 8 and restored["state"]["w"].tolist() == [8.0, 9.0, 10.0, 11.0]
+        ckpt.close()
+    unlocked = tmp_path / "unlocked" / "checkpoints" / f"3{TMP}"
+    unlocked.mkdir(parents=True)
+    checkpointing.Checkpointer(str(unlocked.parent)).close()  # no lock, nothing inherited
+    assert unlocked.exists()
+
+
+def test_a_follower_is_fenced_by_its_leaders_claim(tmp_path, monkeypatch):
+    """Another process of a multi-process run follows process 0's claim: it may write while no
+    newer claim exists (also where its host does not see the claims), and not after."""
+    monkeypatch.setenv(lock.ENV_FLOCK, "0")
+    lock.follow(str(tmp_path), 3)
+    try:
+        lock.fence(tmp_path / "checkpoints", now=True)  # no claims visible: owned
+        _claim(tmp_path, 3)
+        lock.fence(tmp_path / "checkpoints", now=True)
+        _claim(tmp_path, 4)
+        with pytest.raises(lock.Lost):
+            lock.fence(tmp_path / "checkpoints", now=True)
+        assert _gens(tmp_path) == [3, 4]  # a follower writes no claim
+    finally:
+        lock.release(str(tmp_path))
+
+
+TWO_PROCESSES = """
+import json, os, sys
+from aepg_jax.system import hosts
+hosts.initialize(False)
+import jax
+from aepg_jax.runs import lock
+workdir, path = sys.argv[1], os.path.join(sys.argv[1], "checkpoints")
+with lock.hold_run(workdir):
+    lock.fence(path, now=True)
+    hosts.everywhere(True)
+    if hosts.is_main():  # a taker's claim, newer than process 0's
+        gen = lock.claim_number(workdir) + 1
+        with open(os.path.join(workdir, lock.CLAIMS_DIR, f"{gen:010d}.json"), "w") as f:
+            json.dump({"host": "other-node", "pid": 1, "since": 0.0, "beat": 0.0}, f)
+    hosts.everywhere(True)
+    try:
+        lock.fence(path, now=True)
+        print(jax.process_index(), "writes", flush=True)
+    except lock.Lost:
+        print(jax.process_index(), "lost", flush=True)
+    hosts.everywhere(True)
+"""
+
+
+def test_every_process_of_a_multi_process_run_is_fenced(tmp_path):
+    """Two processes (~5 s): process 0 takes the lock, process 1 follows its claim; once a
+    newer claim exists both are fenced."""
+    from aepg_jax.launch import launch
+
+    port, env = launch.free_port(), {**os.environ, lock.ENV_FLOCK: "0"}
+    cmd = [sys.executable, "-c", TWO_PROCESSES, str(tmp_path)]
+    kwargs = dict(cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(cmd, env=launch.process_env(env, 2, i, port, 1), **kwargs)
+             for i in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [o.strip() for o, _ in outs] == ["0 lost", "1 lost"], outs
+    assert _gens(tmp_path) == [1, 2]  # process 1 wrote no claim of its own
+
+
 # ---------------------------------------------------------------- slow: real runs
 # The fixture and both tests: 4 min on the project's 2-core CPU shared with other jobs, 2026-11-25.
 
@@ -351,12 +590,13 @@ def test_a_paused_run_taken_over_writes_nothing_after_it_resumes(undisturbed, tm
 def _snapshot(workdir: pathlib.Path) -> dict:
     """Every file under `workdir` but the claims (path -> bytes), and Orbax's unfinished
     checkpoint writes: a save in flight when the holder was stopped goes on in Orbax's thread
-    into its temporary directory (docs/running.md); that it never becomes a checkpoint is
-    checked by the committed steps being the same."""
+    into its own temporary directory until its commit, which the lock refuses
+    (docs/running.md); that it never becomes a checkpoint is checked by the committed steps
+    being the same."""
     return {
         str(p.relative_to(workdir)): p.read_bytes()
         for p in sorted(workdir.rglob("*"))
         if p.is_file()
         and lock.CLAIMS_DIR not in p.parts
-        and not any(".orbax-checkpoint-tmp" in part for part in p.parts)
+        and not any(TMP in part for part in p.parts)
     }

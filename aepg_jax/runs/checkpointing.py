@@ -19,6 +19,14 @@ be) raises `CheckpointWriteError`, found when the directory is opened (a probe f
 save's next wait. Orbax's background threads of a failed save never finish, so after one the
 Checkpointer waits for nothing more and the process must leave without joining them
 (`hosts.leave(status, at_once=True)`).
+
+Under the workdir lock (`runs/lock.py`) a save is written into
+`<step>.orbax-checkpoint-tmp.<claim>` (named after the lock's claim, so that a holder taken over
+and resumed never writes into its taker's save) and committed (renamed to `<step>`) only while
+the lock is still this process's, checked just before: a holder that lost the run, or released
+it, while a save was in flight drops that save and removes what it had written of it. A
+Checkpointer opened by a process that took the run over from a holder that did not release it
+(dead, or paused) first removes that holder's unfinished saves.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -172,6 +181,39 @@ def _verify_items(restored: dict[str, Any], names: Any, meta: dict[str, Any]) ->
             raise CorruptCheckpoint(f"the arrays of item {name!r} differ from their saved digest")
 
 
+_TMP = ocp.path.atomicity.TMP_DIR_SUFFIX
+
+
+class _FencedTemporaryPath(ocp.path.atomicity.AtomicRenameTemporaryPath):
+    """Orbax's write-then-rename save under the workdir lock: a step's temporary directory
+    carries the lock's claim number, and the rename that commits the step (after its items
+    were renamed inside it) first checks, re-reading the claims, that the lock the save started
+    under is still held and owned; if not, the step's temporary directory is removed and
+    `lock.Lost` raised on Orbax's thread (re-raised by the next wait)."""
+
+    _fence: Callable[[], None] | None = None
+
+    @classmethod
+    def from_final(cls, final_path, **kwargs) -> _FencedTemporaryPath:
+        made = super().from_final(final_path, **kwargs)
+        if _TMP in made._tmp_path.parent.name:  # an item, inside its step's directory
+            return made
+        claim = lock.claim_number(final_path)
+        if claim is not None:  # `<step>.orbax-checkpoint-tmp.<claim>`: Orbax reads it back
+            made._tmp_path = made._tmp_path.parent / f"{made._tmp_path.name}.{claim}"
+        made._fence = lock.fence_of(final_path)
+        return made
+
+    async def finalize(self) -> None:
+        if self._fence is not None:
+            try:
+                self._fence()
+            except lock.Lost:
+                shutil.rmtree(self._tmp_path, ignore_errors=True)  # this claim's: this save's
+                raise
+        await super().finalize()
+
+
 class Checkpointer:
     """Saves and restores (state, lwf params, meta) under `directory`."""
 
@@ -179,25 +221,39 @@ class Checkpointer:
         self.directory = os.path.abspath(directory)
         self._failed = False  # a save failed: Orbax's threads will never finish
         _quiet_failed_saves()
+        lock.fence(self.directory, now=True)  # before removing anything
         if jax.process_index() == 0:  # the process that writes (Orbax's primary host)
             check_writable(self.directory)
         self._manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep,
+                create=True,
+                # A holder taken over (dead or paused) may have left unfinished saves.
+                cleanup_tmp_directories=lock.inherited(self.directory) is not None,
+                temporary_path_class=_FencedTemporaryPath,
+            ),
         )
 
     def _writing(self, action: Callable[[], Any]) -> Any:
         """`action()` (a call that may wait on a pending save); its file system failure, or a
-        pending save's, as CheckpointWriteError."""
+        pending save's, as CheckpointWriteError; `lock.Lost` when the run was taken over (a
+        pending save dropped, or one that failed because its taker removed its files)."""
         if self._failed:
+            lock.fence(self.directory, now=True)
             raise CheckpointWriteError(f"an earlier save to {self.directory} failed.")
         try:
             return action()
+        except lock.Lost:
+            self._failed = True
+            raise
         except OSError as err:
             self._failed = True
+            lock.fence(self.directory, now=True)
             raise _write_error(self.directory, err) from None
         except Exception:
             self._failed = True  # e.g. a lost peer process: reported as such by the caller
+            lock.fence(self.directory, now=True)
             raise
 
     def steps(self) -> list[int]:

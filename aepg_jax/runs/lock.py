@@ -2,32 +2,47 @@
 
     <workdir>/.lock              flock(2)ed (LOCK_EX | LOCK_NB) by the holder for the run's life
     <workdir>/.lock.d/<gen>.json the claims: one file per holder, numbered 1, 2, ...; the newest
-                                 is the holder's (host, pid, since, beat, its SLURM job and
-                                 restart count, a token), rewritten every AEPG_LOCK_BEAT_S
-                                 seconds by a daemon thread; marked `released` on release
+                                 is the holder's (host, its machine: boot id or machine id with
+                                 its pid namespace, pid, since, beat, its SLURM job and restart
+                                 count, a token), rewritten every AEPG_LOCK_BEAT_S seconds by a
+                                 daemon thread; marked `released` on release
 
 Taking the lock: the kernel's flock first (released by the kernel when its holder dies, even by
 SIGKILL, on a local disk and on NFSv4 / Lustre mounted with `flock`; AEPG_LOCK_FLOCK=0 skips it);
 then the claims, for file systems where flock is not shared between hosts (Lustre's
 `localflock`, GCS-fuse, NFS with `local_lock=all`). The newest claim decides: released, or its
-holder known dead (same host and its pid gone; or the same SLURM job, `SLURM_ARRAY_JOB_ID` +
-`SLURM_ARRAY_TASK_ID` or `SLURM_JOB_ID`, with a lower `SLURM_RESTART_COUNT` than ours: a
-requeued job), or its heartbeat older than AEPG_LOCK_STALE_S seconds, and the workdir is free;
-otherwise `Busy` names the holder, before anything in the workdir is touched. A heartbeat's age is
-measured on one clock, the file system's: the claim file's mtime against that of a file written
-just then.
+holder known dead, or its heartbeat older than AEPG_LOCK_STALE_S seconds, and the workdir is
+free; otherwise `Busy` names the holder, before anything in the workdir is touched. Known dead
+takes evidence that cannot collide across machines: the claim's host, boot id (or machine id)
+and pid namespace are this process's and its pid is gone; or it is the same SLURM job
+(`SLURM_ARRAY_JOB_ID` + `SLURM_ARRAY_TASK_ID` or `SLURM_JOB_ID`) with a lower
+`SLURM_RESTART_COUNT` than ours (a requeued job). A claim that names no machine (written by an
+earlier version) is judged by its heartbeat alone. A heartbeat's age is measured on one clock,
+the file system's: the claim file's mtime against that of a file written just then.
 
-Taking over is one atomic step: the next claim file is created with link(2) (O_EXCL where the
-file system has no hard links), which fails when it exists, so of two processes that saw the
-same newest claim exactly one gets the next number. A holder owns the run while its claim is the
-newest: `fence(path)` (called by every writer of a run's files: checkpoints, metrics.jsonl,
-TensorBoard events, results, plots, config.json) raises `Lost` once a newer claim exists, and
-checks at most every `FENCE_S` seconds of the process's monotonic clock (which runs on while
-the process is stopped: a holder resumed after a pause checks before its next write). A holder
-that lost its run writes nothing more, and its heartbeat thread stops rewriting its claim.
+Taking over: the next claim file is created with link(2) (O_EXCL where the file system has no
+hard links), which fails when it exists, so of two processes that saw the same newest claim
+exactly one gets the next number. A taker that stalled between judging the newest claim and
+creating its own can still re-create a number that cleanup removed since; so a claim is held only
+if it is still the newest once made (else it is removed again and the taker gets `Busy`), and
+only then are older claims removed. A holder owns the run while its claim is the newest:
+`fence(path)` (called by every writer of a run's files: checkpoints, metrics.jsonl, TensorBoard
+events, results, plots, config.json) raises `Lost` once a newer claim exists. It re-reads the
+claims on its first call and then at most every `FENCE_S` seconds of the process's monotonic
+clock (which runs on while the process is stopped: a holder resumed after a pause checks before
+its next write); `fence_of(path)` gives a check that always re-reads, for the last step of a
+write that is not undone (a checkpoint's commit). A holder that lost its run writes nothing
+more, its heartbeat thread stops rewriting its claim, and a lock released or lost stays so for
+any write still pending under it (an asynchronous save).
+
+What a taker must clean (a dead or paused holder's unfinished writes) is its writers' business,
+not the lock's: `inherited(path)` says whether this process took the workdir over from a holder
+that did not release it, and the checkpoint writer removes its unfinished saves when it opens.
 
 `hold(workdir)` is reentrant within a process (a sweep worker claims a run by its lock, then
-`aepg_jax.main.execute` runs it under the same lock).
+`aepg_jax.main.execute` runs it under the same lock). `hold_run` holds it for every process of a
+multi-process run: process 0 takes it and the others follow its claim (`follow`), so that every
+process is fenced.
 """
 
 from __future__ import annotations
@@ -36,6 +51,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import json
 import math
 import os
@@ -43,7 +59,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 LOCK_FILE = ".lock"
 CLAIMS_DIR = ".lock.d"
@@ -123,11 +139,35 @@ def _slurm_restart() -> int:
         return 0
 
 
+def _read_id(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+@functools.cache
+def _machine() -> str | None:
+    """What tells this process's machine from any other with the same hostname: the kernel's
+    boot id (else /etc/machine-id) with the pid namespace (containers on one kernel share the
+    boot id, not their pids); None when neither id is readable."""
+    ident = _read_id("/proc/sys/kernel/random/boot_id") or _read_id("/etc/machine-id")
+    if ident is None:
+        return None
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = "pid:?"
+    return f"{ident}/{namespace}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Holder:
     """Who holds (or held) a workdir: host, pid, since and last heartbeat (epoch seconds, the
-    holder's clock: for display), its claim's number, SLURM job and restart count, token, and
-    whether it released the workdir."""
+    holder's clock: for display), its claim's number, SLURM job and restart count, token,
+    whether it released the workdir, and its machine (`_machine()`; None in claims written by
+    earlier versions)."""
 
     host: str
     pid: int
@@ -138,6 +178,7 @@ class Holder:
     restart: int = 0
     token: str = ""
     released: bool = False
+    machine: str | None = None
 
     @property
     def since_text(self) -> str:
@@ -147,9 +188,11 @@ class Holder:
         return f"{self.host} pid {self.pid} since {self.since_text}"
 
     def known_dead(self) -> bool:
-        """Its pid gone on this host, or its SLURM job requeued (this process is the job's
-        later restart)."""
-        if self.host == socket.gethostname() and not _pid_alive(self.pid):
+        """Its pid gone on this machine (host, boot or machine id and pid namespace all this
+        process's: a hostname alone is shared by containers), or its SLURM job requeued (this
+        process is the job's later restart)."""
+        here = self.machine is not None and self.machine == _machine()
+        if here and self.host == socket.gethostname() and not _pid_alive(self.pid):
             return True
         job = _slurm_job()
         return job is not None and self.job == job and self.restart < _slurm_restart()
@@ -193,7 +236,7 @@ def _read_claim(workdir: str, gen: int) -> tuple[Holder | None, float | None]:
         holder = Holder(
             str(d["host"]), int(d["pid"]), float(d["since"]), float(d["beat"]), gen,
             d.get("job"), int(d.get("restart", 0)), str(d.get("token", "")),
-            bool(d.get("released", False)),
+            bool(d.get("released", False)), d.get("machine"),
         )  # fmt: skip
         return holder, mtime
     except FileNotFoundError:
@@ -250,13 +293,17 @@ def running(workdir: str) -> Holder | None:
 
 def busy_message(workdir: str, holder: Holder | None) -> str:
     who = holder.describe() if holder else "another process (its heartbeat is not readable yet)"
+    if holder is not None and holder.machine is None:  # an earlier version's claim
+        who += f"; its claim names no machine, so it is taken over once {ENV_STALE} has passed"
     return (
         f"{workdir} is in use by another run ({who}); wait for it to finish, or stop it, or use "
         "another --workdir."
     )
 
 
-def lost_message(workdir: str, holder: Holder | None) -> str:
+def lost_message(workdir: str, holder: Holder | None, released: bool = False) -> str:
+    if released and holder is None:
+        return f"{workdir} was released by this process; a write still pending there was dropped."
     who = holder.describe() if holder else "another process"
     return (
         f"{workdir} was taken over by {who} while this process was paused longer than "
@@ -311,23 +358,29 @@ def _create_exclusive(tmp: str, path: str) -> bool:
 
 
 class _Lock:
-    """A held lock: the flocked descriptor, the claim, the heartbeat thread, the fence."""
+    """A held lock: the flocked descriptor, the claim, the heartbeat thread, the fence. A
+    follower (another process of a multi-process run) has no claim of its own: it owns the run
+    while no claim newer than its leader's exists."""
 
-    def __init__(self, workdir: str, fd: int | None, gen: int):
+    def __init__(self, workdir: str, fd: int | None, gen: int, follower: bool = False):
         self.workdir = workdir
         self.fd = fd
         self.gen = gen
+        self.follower = follower
         self.since = time.time()
         self.token = secrets.token_hex(8)
         self.lost: Holder | bool | None = False  # False while owned; then the taker (None: unknown)
-        self.checked = time.monotonic()
+        self.released = False
+        self.inherited: Holder | None = None  # the holder taken over, when it had not released
+        self.checked = -math.inf  # the first fence reads the claims
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._beat_loop, daemon=True, name="run-lock")
 
     def record(self, released: bool = False) -> dict:
-        return {"host": socket.gethostname(), "pid": os.getpid(), "since": self.since,
-                "beat": time.time(), "job": _slurm_job(), "restart": _slurm_restart(),
-                "token": self.token, "released": released}  # fmt: skip
+        return {"host": socket.gethostname(), "machine": _machine(), "pid": os.getpid(),
+                "since": self.since, "beat": time.time(), "job": _slurm_job(),
+                "restart": _slurm_restart(), "token": self.token,
+                "released": released}  # fmt: skip
 
     def claim(self) -> bool:
         """Creates this lock's claim file; False when another process created it first."""
@@ -336,27 +389,28 @@ class _Lock:
         return _create_exclusive(_write_json(path, self.record()), path)
 
     def owns(self) -> bool:
-        """Whether this lock's claim is still the newest (reads the claims directory); records
-        the taker when not."""
-        if self.lost is not False:
+        """Whether this lock's claim is still the newest (reads the claims directory; a
+        follower: no newer claim exists, its host may not see the claims at all) and this
+        process has not released it; records the taker when not."""
+        if self.lost is not False or self.released:
             return False
         try:
             newest = _newest_gen(self.workdir)
         except OSError:
             return True  # unreadable now: the next check decides, the heartbeat carries on
-        if newest == self.gen:
+        if newest == self.gen or (self.follower and newest < self.gen):
             self.checked = time.monotonic()
             return True
         self.lost = _read_claim(self.workdir, newest)[0] if newest > self.gen else None
         return False
 
-    def fence(self) -> None:
-        """Raises Lost once another process took the workdir over (checks at most every
-        FENCE_S seconds)."""
-        if self.lost is False and time.monotonic() - self.checked < FENCE_S:
+    def fence(self, now: bool = False) -> None:
+        """Raises Lost once another process took the workdir over, or this process released
+        it (re-reads the claims at most every FENCE_S seconds, or `now`)."""
+        if not now and self.lost is False and time.monotonic() - self.checked < FENCE_S:
             return
         if not self.owns():
-            raise Lost(lost_message(self.workdir, self.lost or None))
+            raise Lost(lost_message(self.workdir, self.lost or None, self.released))
 
     def write_heartbeat(self, released: bool = False) -> None:
         path = _claim_path(self.workdir, self.gen)
@@ -371,10 +425,12 @@ class _Lock:
 
     def release(self) -> None:
         self.stop.set()
-        self.thread.join(timeout=5)
-        if self.owns():
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+        if not self.follower and self.owns():
             with contextlib.suppress(OSError):
                 self.write_heartbeat(released=True)
+        self.released = True  # a write still pending under this lock is fenced off
         if self.fd is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -418,13 +474,24 @@ def _take(workdir: str, use_flock: bool) -> _Lock:
         # The claim after the newest seen: of several processes that saw the same one, exactly
         # one creates it.
         lock = _Lock(workdir, fd, newest + 1)
+        _before_claim(lock)
         if not lock.claim():
+            raise Busy(busy_message(workdir, read_holder(workdir)))
+        # A taker stalled since it read `newest` may have re-created a number that cleanup
+        # removed after a newer claim was made: the claim is held only if still the newest.
+        try:
+            still_newest = _newest_gen(workdir) == lock.gen
+        except OSError:
+            still_newest = False
+        if not still_newest:
+            with contextlib.suppress(OSError):
+                os.remove(_claim_path(workdir, lock.gen))
             raise Busy(busy_message(workdir, read_holder(workdir)))
         for gen in range(max(newest - 8, 1), newest + 1):  # older claims: no longer consulted
             with contextlib.suppress(OSError):
                 os.remove(_claim_path(workdir, gen))
         if newest and not (holder is not None and holder.released):
-            _drop_unfinished_checkpoints(workdir)
+            lock.inherited = holder or Holder("?", 0, 0.0, 0.0, newest)
         return lock
     except BaseException:
         if fd is not None:
@@ -432,17 +499,9 @@ def _take(workdir: str, use_flock: bool) -> _Lock:
         raise
 
 
-def _drop_unfinished_checkpoints(workdir: str) -> None:
-    """After taking over from a holder that did not release (dead or paused): removes its
-    unfinished checkpoint writes (Orbax's `*.orbax-checkpoint-tmp-*`), so that a paused
-    holder's save cannot complete into the run when it resumes."""
-    import shutil
-
-    directory = os.path.join(workdir, "checkpoints")
-    with contextlib.suppress(OSError):
-        for name in os.listdir(directory):
-            if ".orbax-checkpoint-tmp" in name:
-                shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+def _before_claim(lock: _Lock) -> None:
+    """Runs between judging the newest claim and creating the next (nothing: a seam where a
+    test stalls a taker)."""
 
 
 def acquire(workdir: str) -> None:
@@ -481,12 +540,37 @@ def _covering(path: str | os.PathLike) -> _Lock | None:
     return None
 
 
-def fence(path: str | os.PathLike) -> None:
+def fence(path: str | os.PathLike, now: bool = False) -> None:
     """Before writing `path`: raises Lost when this process held the workdir holding `path` and
-    another process has taken it over. A path under no lock of this process passes."""
+    another process has taken it over (`now`: re-reading the claims whenever called). A path
+    under no lock of this process passes."""
     held = _covering(path)
     if held is not None:
-        held.fence()
+        held.fence(now)
+
+
+def fence_of(path: str | os.PathLike) -> Callable[[], None]:
+    """The check for a write to `path` started now and finished later (on another thread): it
+    raises Lost unless the lock this process holds now on `path` is still held and owned then,
+    re-reading the claims at each call. A path under no lock of this process: a no-op."""
+    held = _covering(path)
+    if held is None:
+        return lambda: None
+    return functools.partial(held.fence, True)
+
+
+def claim_number(path: str | os.PathLike) -> int | None:
+    """The number of the claim under which this process writes `path` (the same on every
+    process of a run), or None under no lock."""
+    held = _covering(path)
+    return None if held is None else held.gen
+
+
+def inherited(path: str | os.PathLike) -> Holder | None:
+    """The holder this process took the workdir of `path` over from when it had not released
+    it (dead, or paused past AEPG_LOCK_STALE_S: its unfinished writes are there), else None."""
+    held = _covering(path)
+    return None if held is None else held.inherited
 
 
 def owns(path: str | os.PathLike) -> bool:
@@ -511,11 +595,25 @@ def hold(workdir: str) -> Iterator[None]:
         release(workdir)
 
 
+def follow(workdir: str, gen: int) -> None:
+    """For a process of a multi-process run other than process 0: its writes under `workdir`
+    are fenced by claim `gen`, the one its process 0 holds (reentrant; `release` ends it)."""
+    workdir = os.path.abspath(workdir)
+    with _guard:
+        if workdir in _held:
+            _held[workdir] += 1
+            return
+        _held[workdir], _locks[workdir] = 1, _Lock(workdir, None, gen, follower=True)
+
+
 @contextlib.contextmanager
 def hold_run(workdir: str) -> Iterator[None]:
-    """`hold` for every process of a (multi-process) run: process 0 takes the lock, the others
-    follow its outcome, so that all of them run, or all raise Busy, alike."""
+    """`hold` for every process of a (multi-process) run: process 0 takes the lock and the
+    others follow its claim (`follow`), so that all of them run, or all raise Busy, alike, and
+    every one of them is fenced."""
     import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
 
     from aepg_jax.system import hosts
 
@@ -523,16 +621,19 @@ def hold_run(workdir: str) -> Iterator[None]:
         with hold(workdir):
             yield
         return
-    refused = None
+    refused, gen = None, 0
     if hosts.is_main():
         try:
             acquire(workdir)
+            gen = claim_number(workdir) or 0
         except (Busy, LockError, ValueError) as err:
             refused = err
-    if not hosts.everywhere(refused is None):
+    gen = int(np.max(multihost_utils.process_allgather(np.asarray(gen, np.int64))))
+    if gen == 0:
         raise refused or Busy(busy_message(os.path.abspath(workdir), read_holder(workdir)))
+    if not hosts.is_main():
+        follow(workdir, gen)
     try:
         yield
     finally:
-        if hosts.is_main():
-            release(workdir)
+        release(workdir)
