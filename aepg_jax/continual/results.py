@@ -281,6 +281,12 @@ class Bookkeeping:
         self.trackers = [metrics.AccuracyTracker.from_dict(d) for d in meta["trackers"]]
         self.elapsed_before = meta["elapsed_s"]
 
+    def rewind(self, cut: records.Cut) -> None:
+        """Drops from each seed's records what follows the checkpoint resumed from
+        (`records.MetricsWriter.rewind`)."""
+        for writer in self.writers:
+            writer.rewind(cut)
+
     def record_eval(self, task: int, step: int, results: list[dict]) -> None:
         """Writes each seed's eval record and prints A_t (mean +- std over seeds)."""
         predictors = self.run.method.predictors

@@ -10,7 +10,10 @@ Every number of a metrics record becomes a scalar at the record's `step`, tagged
 Position fields (`step`, `task`, `task_step`, `epoch`), booleans, strings and nulls are not
 scalars. metrics.jsonl stays the source of truth: the events hold the same numbers. They go
 into the run's own directory, so `tensorboard --logdir=SWEEPDIR` lists a sweep's runs by their
-directory names.
+directory names. A reader merges every event file of a directory, so a resumed run does not add
+a file beside the stopped process's: it writes the records it keeps (`records.MetricsWriter.
+rewind`) into one new file and removes the earlier ones (`event_files`), and each step shows
+once.
 
 A disk that fills (or any other failed write of the event file, in tensorboardX's background
 thread or at a flush) raises `EventWriteError` at the run's next record, one line; the failed
@@ -23,11 +26,21 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from aepg_jax.runs import lock
 
 POSITION_FIELDS = frozenset({"type", "step", "task", "task_step", "epoch"})
+EVENT_FILE_PREFIX = "events.out.tfevents."
+
+
+def event_files(directory: str | os.PathLike) -> list[Path]:
+    """The TensorBoard event files directly in `directory` (none when it does not exist)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.startswith(EVENT_FILE_PREFIX))
 
 
 def scalars(record: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
@@ -65,6 +78,7 @@ class EventWriter:
         self.error: OSError | None = None
         self._writer = SummaryWriter(logdir=self.directory, flush_secs=30)
         events = self._writer._get_file_writer().event_writer._ev_writer  # tensorboardX's file
+        self.path = Path(events._file_name)
         events.write_event = self._guarded(events.write_event)
         events.flush = self._guarded(events.flush)
 
