@@ -6,9 +6,9 @@ asks for SIGUSR1 ahead of the time limit. Inside `catch()` these signals are rec
 of ending the process: the trainers ask `agree()` after every step (the last step of a task or
 epoch included, before its evaluation), and on a signal `save_and_stop` writes the checkpoint,
 waits for it and raises `Preempted`; a signal during an evaluation is acted on at the next
-checkpoint that follows it. Then `aepg_jax.main` and `aepg_jax.sweep` end with one line and exit status
-`128 + signal number` (143 for SIGTERM, 138 for SIGUSR1), what a shell reports for a process
-that the signal ended. Running the same command again resumes exactly.
+checkpoint that follows it. Then `aepg_jax.main` and `aepg_jax.sweep` end with one line and
+exit status `128 + signal number` (143 for SIGTERM, 138 for SIGUSR1), what a shell reports for
+a process that the signal ended. Running the same command again resumes exactly.
 
 Signals reach a process, not a function: the handler writes the one fact that the signal
 arrived into this module's `_received`, which `catch()` owns (set on entry, cleared on exit).
@@ -51,7 +51,12 @@ class Saver(Protocol):
 
 
 def save_and_stop(
-    signum: int, ckpt: Saver, step: int, items: Mapping[str, Any], meta: Mapping[str, Any], where: str
+    signum: int,
+    ckpt: Saver,
+    step: int,
+    items: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    where: str,
 ) -> NoReturn:
     """Saves checkpoint `step`, waits until it is written, raises `Preempted` saying `where`
     the run stopped and which checkpoint resumes it."""
