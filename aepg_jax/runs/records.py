@@ -179,10 +179,7 @@ class MetricsWriter:
         for f in event_files(directory):
             f.unlink(missing_ok=True)
         self.events = EventWriter(directory)
-        for tag, value in self._texts:
-            self.events.text(tag, value)
-        for record in kept:
-            self.events.record(to_jsonable(record))
+        self.events.replay(self._texts, kept)
 
     def close(self) -> None:
         if self._file is not None:

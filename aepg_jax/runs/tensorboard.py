@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,12 @@ def scalars(record: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
             yield from walk(f"{kind}/{key}", value)
 
 
+def _code_block(value: Any) -> str:
+    """`value` as indented JSON: a Markdown code block."""
+    body = json.dumps(value, indent=1, sort_keys=True)
+    return "\n".join("    " + line for line in body.splitlines())
+
+
 class EventWriteError(RuntimeError):
     """The event file could not be written (a full disk, say)."""
 
@@ -81,6 +88,7 @@ class EventWriter:
         self.path = Path(events._file_name)
         events.write_event = self._guarded(events.write_event)
         events.flush = self._guarded(events.flush)
+        self._events = events
 
     def _guarded(self, call):
         """`call` that keeps its OSError (raised in tensorboardX's thread, or at a flush) for
@@ -120,8 +128,32 @@ class EventWriter:
         """`value` (JSON-ready: `records.to_jsonable`) as JSON in a code block (TensorBoard
         renders text as Markdown)."""
         self.check()
-        body = json.dumps(value, indent=1, sort_keys=True)
-        self._writer.add_text(tag, "\n".join("    " + line for line in body.splitlines()), 0)
+        self._writer.add_text(tag, _code_block(value), 0)
+
+    def replay(
+        self, texts: Sequence[tuple[str, Any]], records: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Writes `texts` (as `text`) and the scalars of `records` (as `record`) into the event
+        file now, in order, and flushes it: a resumed run's history, written before anything
+        else goes to this writer (tensorboardX's background thread writes the later ones)."""
+        from tensorboardX import summary
+        from tensorboardX.proto import event_pb2
+
+        self.check()
+        now = time.time()
+        for tag, value in texts:
+            event = event_pb2.Event(summary=summary.text(tag, _code_block(value)), step=0)
+            event.wall_time = now
+            self._events.write_event(event)
+        for record in records:
+            if record.get("step") is None:
+                continue
+            for tag, value in scalars(record):
+                event = event_pb2.Event(summary=summary.scalar(tag, value), step=record["step"])
+                event.wall_time = now
+                self._events.write_event(event)
+        self._events.flush()
+        self.check()
 
     def flush(self) -> None:
         self._writer.flush()
