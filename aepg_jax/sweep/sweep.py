@@ -389,7 +389,7 @@ def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: in
         f'  scontrol requeue "{task}"',
         'elif [ "$status" -eq 137 ]; then',
         '  echo "error: the worker was killed by SIGKILL: most likely out of memory (the'
-        " kernel's OOM killer; sacct -j $SLURM_JOB_ID -o MaxRSS shows its peak); resubmit to"
+        ' kernel\'s OOM killer; sacct -j $SLURM_JOB_ID -o MaxRSS shows its peak); resubmit to'
         ' resume from the last checkpoint" >&2',
         "fi",
         'exit "$status"',

@@ -336,3 +336,4 @@ def main(argv: Sequence[str]) -> int:
         for path in plots.write_plots(args.dir, experiment):
             print(f"plot: {path}", file=sys.stderr)
     return 1 if warnings else 0
+
