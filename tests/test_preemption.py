@@ -190,17 +190,37 @@ def test_catch_records_the_first_signal_and_restores_the_handlers():
     assert stop.status == 143 and str(stop) == "stopped by SIGTERM at task 1/2, step 3/4"
 
 
-def test_the_scratch_trainer_stops_inside_an_epoch_and_resumes_exactly(tmp_path):
+def test_the_scratch_trainer_stops_inside_an_epoch_and_resumes_exactly(tmp_path, monkeypatch):
+    """Stopped after its first step, then (resumed) at epoch 2's last step, before that epoch's
+    evaluation: the second rerun ends as an uninterrupted run, each record once."""
     from test_scratch import tiny_config as scratch_config
 
     from aepg_jax.scratch import trainer as scratch_trainer
 
-    cfg = scratch_config(tmp_path / "cache", checkpoint_every_minutes=0.0)
+    cfg = scratch_config(tmp_path / "cache", checkpoint_every_minutes=0.0, log_every_steps=1)
     reference = scratch_trainer.run(cfg, str(tmp_path / "straight"))
+    work = str(tmp_path / "run")
     with preemption.catch():
         os.kill(os.getpid(), signal.SIGTERM)  # recorded: the run stops after its first step
         with pytest.raises(preemption.Preempted, match=r"at epoch 1/3, step 1/3 \(checkpoint 1 "):
-            scratch_trainer.run(cfg, str(tmp_path / "run"))
-    resumed = scratch_trainer.run(cfg, str(tmp_path / "run"))
+            scratch_trainer.run(cfg, work)
+    check = scratch_trainer._Run.checkpoint_in_epoch
+
+    def signal_at_epoch_2s_last_step(self, state, epoch, step, sums, bar):
+        if epoch == 1 and step == self.steps_per_epoch:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return check(self, state, epoch, step, sums, bar)
+
+    monkeypatch.setattr(scratch_trainer._Run, "checkpoint_in_epoch", signal_at_epoch_2s_last_step)
+    with preemption.catch():
+        with pytest.raises(preemption.Preempted, match=r"at epoch 2/3, step 3/3 \(checkpoint 6 "):
+            scratch_trainer.run(cfg, work)
+    monkeypatch.undo()
+    lines = [json.loads(x) for x in open(os.path.join(work, "metrics.jsonl"))]
+    assert lines[-1]["step"] == 6 and [r["step"] for r in lines if r["type"] == "epoch"] == [3]
+    resumed = scratch_trainer.run(cfg, work)
     for key in ("train_loss", "train_acc", "train_entropy", "test_acc", "test_entropy"):
         assert resumed[key] == reference[key], key
+    lines = [json.loads(x) for x in open(os.path.join(work, "metrics.jsonl"))]
+    assert [r["step"] for r in lines if r["type"] == "train"] == list(range(1, 10))
+    assert [r["step"] for r in lines if r["type"] == "epoch"] == [3, 6, 9]
