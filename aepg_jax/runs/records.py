@@ -144,11 +144,11 @@ class MetricsWriter:
 
     def rewind(self, cut: Cut) -> int:
         """Keeps in metrics.jsonl only the records that `cut` keeps, each (type, task, step)
-        once (its last occurrence, as `read_metrics`), and rewrites the file atomically when
-        that drops any; with TensorBoard, replaces the directory's event files by one holding
-        the kept records' scalars (and this writer's texts) when there were other event files
-        or records were dropped. Whatever stopped the previous process (a signal, SIGKILL, a
-        lost lock), every step is then recorded once. Returns the number of records dropped."""
+        once (its last occurrence, as `read_metrics`), written atomically into a new file; with
+        TensorBoard, replaces the directory's event files by one holding the kept records'
+        scalars (and this writer's texts) when there were other event files or records were
+        dropped. Whatever stopped the previous process (a signal, SIGKILL, a lost lock), every
+        step is then recorded once. Returns the number of records dropped."""
         if not self.enabled:
             return 0
         lock.fence(self.path)
@@ -158,10 +158,11 @@ class MetricsWriter:
             lines = sum(1 for line in text.split("\n") if line.strip())
             kept = [r for r in read_metrics(self.path) if cut.keeps(r)]
             dropped = lines - len(kept)
-            if dropped:
-                self._file.close()
-                _replace_text(self.path, "".join(_dumps(r) + "\n" for r in kept))
-                self._file = open(self.path, "a", encoding="utf-8")
+            # A new file even when nothing is dropped: a process that lost the run and still
+            # holds the old one open appends there, not here.
+            self._file.close()
+            _replace_text(self.path, "".join(_dumps(r) + "\n" for r in kept))
+            self._file = open(self.path, "a", encoding="utf-8")
         if self.events is not None:
             self._regenerate_events(kept, dropped > 0)
         return dropped
