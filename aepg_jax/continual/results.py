@@ -5,7 +5,8 @@ The driver writes these records to metrics.jsonl (accuracies and entropies as in
 `metrics.summary`, percent):
 
     * `"train"`: `task, step` (global optimizer step), `task_step, epoch, loss, alpha, entropy,
-      lr, grad_norm, images_per_s, train_peft`
+      lr` (the rate Adam applied to the head), `[lr_peft]` (only where PEFT trained at another
+      rate), `grad_norm, images_per_s, train_peft`
     * `"eval"`: `task` (evaluated after it), `step`, `accuracy` ({predictor: [acc of task i
       for i <= task]} in %), `A_t`, `acc_pooled`, `entropy`, `forgetting`, and (primary
       predictor, as far as evaluated) `forgetting_stepwise`, `bwt`, `old_accuracy`,

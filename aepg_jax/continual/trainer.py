@@ -13,7 +13,8 @@
                        capped), the alpha schedule restarting per task, PEFT frozen for the first
                        `optim.peft_freeze_epochs` epochs of tasks >= 1; logging every
                        `log_every_steps`, checkpoints every `checkpoint_every_steps`, a stop at
-                       the first non-finite loss
+                       the first non-finite loss; on a stop signal, a checkpoint of the step
+                       (the last one too, before end_task) and `Preempted`
         end_task       the method's end hook (e.g. LAE's offline copy after task 0)
         evaluate       every seen task's test set, task-agnostic and, in the same pass, with the
                        task given (argmax over its own classes; docs/algorithm.md §4, §17)
@@ -27,7 +28,9 @@ carries a leading seed axis and the programs are vmapped over it (`runs/seeds.py
 
 A resumed run ends with the same results as an uninterrupted one: a `task_done` checkpoint
 resumes at the next task's start, an `in_task` one at its task step (the loader replays the same
-batch order). The frozen backbone is not saved: its fingerprint must match.
+batch order; at the task's last step, with end_task and the evaluation). Its records are first
+rewound to the checkpoint (`records.Cut`), so each step is recorded once. The frozen backbone is
+not saved: its fingerprint must match.
 """
 
 from __future__ import annotations
