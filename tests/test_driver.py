@@ -480,6 +480,45 @@ def test_cosine_epoch_schedule_and_clipping():
     assert not np.allclose(unclipped["head"]["kernel"], u_clip["head"]["kernel"], rtol=1e-3)
 
 
+def test_the_logged_lr_is_the_rate_adam_applies_per_label():
+    """Under `cosine_epochs` each label's Adam runs the schedule at its own update count: the
+    head's is the task step, the PEFT's stands still while PEFT is gated off (head-only
+    epochs). `applied_rates` (the step's `lr_<label>` metrics) reads those counts; the train
+    record's `lr` is the head's and `lr_peft` appears only where PEFT trains at another rate."""
+    import jax
+    import jax.numpy as jnp
+
+    from aepg_jax.continual import steps as step_lib
+
+    cfg = schema.base_config("vit_tiny")
+    cfg.optim.update(learning_rate=1e-3, epochs=4, lr_schedule="cosine_epochs")
+    per_epoch, freeze = 2, 3
+    schedule = step_lib.learning_rate(cfg, per_epoch)
+    params = {"head": {"kernel": jnp.ones((2, 3))}, "block": {"lora": {"a": jnp.ones((3,))}}}
+    tx = step_lib.optimizer(cfg, params, per_epoch)
+    opt_state = tx.init(params)
+    rates_of = jax.jit(lambda state: step_lib.applied_rates(state, schedule))
+    update = jax.jit(lambda state, flag: tx.update(params, state, params, train_peft=flag)[1])
+    logged = []
+    for task_step in range(8):
+        rates = rates_of(opt_state)
+        train_peft = task_step >= freeze
+        head = float(schedule(task_step))
+        peft = float(schedule(max(task_step - freeze, 0)))
+        np.testing.assert_allclose([rates["head"], rates["peft"]], [head, peft], rtol=1e-6)
+        m = {f"lr_{k}": v for k, v in rates.items()} | {"train_peft": jnp.asarray(train_peft)}
+        logged.append(trainer._rates(m))
+        opt_state = update(opt_state, jnp.asarray(train_peft))
+    assert logged[0] == {"lr": 0.001} and min(r["lr"] for r in logged) < 1e-3
+    assert [("lr_peft" in r) for r in logged] == [False] * 4 + [True] * 4
+    assert logged[-1]["lr_peft"] == pytest.approx(float(schedule(7 - freeze)), rel=1e-6)
+    constant = step_lib.applied_rates(tx.init(params), 1e-3)
+    assert {k: float(v) for k, v in constant.items()} == {
+        "head": np.float32(1e-3),
+        "peft": np.float32(1e-3),
+    }
+
+
 def test_backbone_at_chance_is_refused():
     with pytest.raises(ValueError, match=r"reached 10\.0% test accuracy, chance is 10\.0%"):
         pretrain.check_above_chance(0.10, 10, "digits")

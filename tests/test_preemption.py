@@ -1,7 +1,8 @@
 """Preemption loses at most one step: SIGTERM / SIGUSR1 make `aepg_jax.main` finish the current
 step, checkpoint it and exit with one line (status 128 + signal); the same command resumes to the
-results of an uninterrupted run, no training step recorded twice. A wall-clock interval adds
-checkpoints inside a task."""
+results of an uninterrupted run, no training step recorded twice. A signal at a task's last step
+checkpoints it before the task's evaluation. A wall-clock interval adds checkpoints inside a
+task. The runs train under `cosine_epochs`: their records' `lr` is the schedule's."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from aepg_jax.system import preemption
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = {
-    "optim.epochs": 1000,
+    "optim.epochs": 8,  # 8 epochs of 22 steps, capped at 150; PEFT frozen for the first 37
+    "optim.lr_schedule": "cosine_epochs",
     "data.num_tasks": 2,
     "max_steps_per_task": 150,
     "log_every_steps": 1,
@@ -66,10 +68,12 @@ def _stop_once_training(proc: subprocess.Popen, workdir, signum: int):
 @pytest.mark.parametrize(
     "signum", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)]
 )
-def test_a_stop_signal_checkpoints_the_step_and_the_rerun_resumes_exactly(tmp_path, signum):
+def test_a_stop_signal_checkpoints_the_step_and_the_rerun_resumes_exactly(
+    tmp_path, monkeypatch, signum
+):
+    """Mid-task through `aepg_jax.main`, then at a task's last step in this process."""
     cache = tmp_path / "cache"
     reference = trainer.run(tiny_config(cache, **OVERRIDES), str(tmp_path / "straight"))
-
     config = write_spec(tmp_path / "spec.json", cache, OVERRIDES)
     workdir = tmp_path / "run"
     status, stderr, seconds = _stop_once_training(_main(config, workdir), workdir, signum)
@@ -99,6 +103,62 @@ def test_a_stop_signal_checkpoints_the_step_and_the_rerun_resumes_exactly(tmp_pa
     assert results["A_T"] == reference["A_T"]
     steps = [r["step"] for r in _train_records(workdir)]
     assert steps == sorted(set(steps)) == list(range(1, 2 * 150 + 1))  # each step once
+
+    _stop_at_the_last_step_and_resume(tmp_path / "last", cache, reference, signum, monkeypatch)
+
+
+def _stop_at_the_last_step_and_resume(workdir, cache, reference: dict, signum: int, monkeypatch):
+    """The signal arrives during task 1's last step: checkpoint 150 (in_task, task step 150 of
+    150) is written before end_task and the evaluation, and no eval is recorded; the rerun
+    starts with them and ends as the uninterrupted run did, each step recorded once, each train
+    record's lr the rate the schedule gives Adam at that step."""
+    from aepg_jax.continual import steps as step_lib
+
+    cfg = tiny_config(cache, **OVERRIDES)
+    work = str(workdir)
+    log = trainer._Logger.__call__
+
+    def signal_at_the_last_step(self, state, step, k, chunk, bar):
+        if self.t == 0 and step == self.plan.total_steps:
+            os.kill(os.getpid(), signum)  # recorded by preemption.catch
+        return log(self, state, step, k, chunk, bar)
+
+    monkeypatch.setattr(trainer._Logger, "__call__", signal_at_the_last_step)
+    with preemption.catch():
+        stopped = rf"by {signal.Signals(signum).name} at task 1/2, step 150/150 \(checkpoint 150 "
+        with pytest.raises(preemption.Preempted, match=stopped):
+            trainer.run(cfg, work)
+    monkeypatch.undo()
+    ckpt = checkpointing.Checkpointer(os.path.join(work, "checkpoints"))
+    assert ckpt.steps() == [150]
+    ckpt.close()
+    assert [r["type"] for r in map(json.loads, open(os.path.join(work, "metrics.jsonl")))] == [
+        "train"
+    ] * 150
+
+    resumed = trainer.run(cfg, work)
+    assert resumed["accuracy_matrix"] == reference["accuracy_matrix"]
+    assert resumed["A_T"] == reference["A_T"]
+    lines = [json.loads(x) for x in open(os.path.join(work, "metrics.jsonl"))]
+    assert [(r["type"], r["step"]) for r in lines if r["type"] == "eval"] == [
+        ("eval", 150), ("eval", 300)
+    ]  # fmt: skip
+    assert [r["step"] for r in lines if r["type"] == "train"] == list(range(1, 301))
+
+    task_2 = [r for r in lines if r["type"] == "train" and r["task"] == 1]
+    per_epoch = sum(r["epoch"] == 0 for r in task_2)  # 22
+    freeze = sum(not r["train_peft"] for r in task_2)  # 37
+    schedule = step_lib.learning_rate(cfg, per_epoch)
+    for r in task_2:  # PEFT trains after the head-only steps, its schedule lagging the head's
+        head = float(schedule(r["task_step"] - 1))
+        assert r["lr"] == pytest.approx(head, rel=1e-6), r
+        peft = float(schedule(max(r["task_step"] - 1 - freeze, 0)))
+        if r["train_peft"] and abs(peft - head) > 1e-6 * head:
+            assert r["lr_peft"] == pytest.approx(peft, rel=1e-6), r
+        else:
+            assert "lr_peft" not in r, r
+    assert min(r["lr"] for r in lines if "lr" in r) < cfg.optim.learning_rate
+    assert any("lr_peft" in r for r in lines)
 
 
 def test_a_wall_clock_interval_checkpoints_inside_a_task(tmp_path):
@@ -130,17 +190,37 @@ def test_catch_records_the_first_signal_and_restores_the_handlers():
     assert stop.status == 143 and str(stop) == "stopped by SIGTERM at task 1/2, step 3/4"
 
 
-def test_the_scratch_trainer_stops_inside_an_epoch_and_resumes_exactly(tmp_path):
+def test_the_scratch_trainer_stops_inside_an_epoch_and_resumes_exactly(tmp_path, monkeypatch):
+    """Stopped after its first step, then (resumed) at epoch 2's last step, before that epoch's
+    evaluation: the second rerun ends as an uninterrupted run, each record once."""
     from test_scratch import tiny_config as scratch_config
 
     from aepg_jax.scratch import trainer as scratch_trainer
 
-    cfg = scratch_config(tmp_path / "cache", checkpoint_every_minutes=0.0)
+    cfg = scratch_config(tmp_path / "cache", checkpoint_every_minutes=0.0, log_every_steps=1)
     reference = scratch_trainer.run(cfg, str(tmp_path / "straight"))
+    work = str(tmp_path / "run")
     with preemption.catch():
         os.kill(os.getpid(), signal.SIGTERM)  # recorded: the run stops after its first step
         with pytest.raises(preemption.Preempted, match=r"at epoch 1/3, step 1/3 \(checkpoint 1 "):
-            scratch_trainer.run(cfg, str(tmp_path / "run"))
-    resumed = scratch_trainer.run(cfg, str(tmp_path / "run"))
+            scratch_trainer.run(cfg, work)
+    check = scratch_trainer._Run.checkpoint_in_epoch
+
+    def signal_at_epoch_2s_last_step(self, state, epoch, step, sums, bar):
+        if epoch == 1 and step == self.steps_per_epoch:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return check(self, state, epoch, step, sums, bar)
+
+    monkeypatch.setattr(scratch_trainer._Run, "checkpoint_in_epoch", signal_at_epoch_2s_last_step)
+    with preemption.catch():
+        with pytest.raises(preemption.Preempted, match=r"at epoch 2/3, step 3/3 \(checkpoint 6 "):
+            scratch_trainer.run(cfg, work)
+    monkeypatch.undo()
+    lines = [json.loads(x) for x in open(os.path.join(work, "metrics.jsonl"))]
+    assert lines[-1]["step"] == 6 and [r["step"] for r in lines if r["type"] == "epoch"] == [3]
+    resumed = scratch_trainer.run(cfg, work)
     for key in ("train_loss", "train_acc", "train_entropy", "test_acc", "test_entropy"):
         assert resumed[key] == reference[key], key
+    lines = [json.loads(x) for x in open(os.path.join(work, "metrics.jsonl"))]
+    assert [r["step"] for r in lines if r["type"] == "train"] == list(range(1, 10))
+    assert [r["step"] for r in lines if r["type"] == "epoch"] == [3, 6, 9]

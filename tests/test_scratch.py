@@ -90,7 +90,11 @@ def test_runs_end_to_end_and_writes_its_reports(tmp_path):
     again = trainer.run(cfg, str(tmp_path / "run"))
     assert (tmp_path / "run" / "results.json").read_bytes() == written
     assert again["test_acc"] == results["test_acc"]
-    assert len(_records(tmp_path / "run" / "metrics.jsonl", "train")) == len(train) + 2
+    # Epoch 3 trained twice, recorded once: the resume dropped what followed checkpoint 6.
+    again_train = _records(tmp_path / "run" / "metrics.jsonl", "train")
+    assert [r["step"] for r in again_train] == [r["step"] for r in train]
+    assert [r["loss"] for r in again_train] == [r["loss"] for r in train]
+    assert [r["step"] for r in _records(tmp_path / "run" / "metrics.jsonl", "epoch")] == [3, 6, 9]
 
 
 def test_vmapped_seeds_match_single_runs_and_aepg_anneals_over_the_run(tmp_path):

@@ -121,6 +121,31 @@ def test_a_run_whose_lock_cannot_be_used_is_recorded_failed_and_the_worker_goes_
     assert claims.pending(root, units, started) == []
 
 
+def test_a_signal_stops_the_worker_between_runs_unless_none_is_left(tmp_path):
+    """A signal during a run that finishes: with runs left the worker stops before the next
+    (the sweep exits 128 + signal, SLURM requeues it); after the last one it ends normally
+    (exit 0: nothing to requeue)."""
+    from aepg_jax.system import preemption
+
+    units = list(enumerate(layout.units(registry.get("demo").runs()[:2])))
+    root = str(tmp_path)
+    ran = []
+
+    def run_one(k, unit, left):  # a run that finishes although a signal came during it
+        os.kill(os.getpid(), signal.SIGTERM)
+        (tmp_path / unit.name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / unit.name / "results.json").write_text("{}")
+        ran.append(k)
+
+    with preemption.catch():
+        with pytest.raises(preemption.Preempted, match="between runs"):
+            claims.work(root, units, run_one, claims.Started(root, units))
+    assert ran == [0]
+    with preemption.catch():  # the rerun: its one run left gets a signal, and finishes
+        claims.work(root, units, run_one, claims.Started(root, units))  # returns: none left
+        assert ran == [0, 1] and preemption.requested() == signal.SIGTERM
+
+
 # ---------------------------------------------------------------- slow: real workers
 # The fixture and both tests: 18 min on the project's 2-core CPU shared with other jobs (load
 # average ~10), 2026-11-25.

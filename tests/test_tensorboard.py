@@ -3,6 +3,7 @@ back with TensorBoard's own event reader they hold metrics.jsonl's numbers (and 
 
 import json
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -123,3 +124,70 @@ def test_a_full_disk_under_the_event_file_is_one_line_and_no_thread_traceback(
     assert [json.loads(x)["step"] for x in lines] == list(range(step + 1))  # the last too
     captured = capfd.readouterr()
     assert "Traceback" not in captured.err + captured.out
+
+
+def _raw_events(directory) -> tuple[int, Counter]:
+    """(event files, {(tag, step): times}) over every event file of `directory`, read as they
+    are, without a reader's merging of repeated steps."""
+    from tensorboard.backend.event_processing import event_file_loader
+
+    files = tb.event_files(directory)
+    seen: Counter = Counter()
+    for path in files:
+        for event in event_file_loader.LegacyEventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                seen[(value.tag, event.step)] += 1
+    return len(files), seen
+
+
+def test_a_resume_keeps_each_step_once_in_metrics_and_events(tmp_path):
+    """A process records task 0 (steps 1-6, its eval at 6) and task 1 up to step 9 and dies; a
+    release without rewinding continued it (steps 8-9 again); the resume from checkpoint 8
+    (inside task 1) rewinds: metrics.jsonl and the event files hold steps 1-8 once, and after
+    the resumed steps 9-10 and task 1's eval, each step once and one event file."""
+
+    def train(writer, steps, task):
+        for step in steps:
+            writer.write("train", task=task, step=step, loss=float(step))
+
+    first = records.MetricsWriter(tmp_path, tensorboard=True)
+    first.text("config", {"seed": 0})
+    train(first, range(1, 7), 0)
+    first.write("eval", task=0, step=6, A_t=50.0)
+    train(first, range(7, 10), 1)
+    first.close()  # a killed process's events may be lost unflushed: the rewind rebuilds them
+    (path,) = tb.event_files(tmp_path)  # a file name holds the second: one of an earlier one
+    path.rename(path.with_name(path.name.replace(".out.tfevents.", ".out.tfevents.1")))
+    older = records.MetricsWriter(tmp_path, tensorboard=True)
+    train(older, range(8, 10), 1)
+    older.close()
+    assert _raw_events(tmp_path)[1][("train/loss", 9)] == 2
+
+    resumed = records.MetricsWriter(tmp_path, tensorboard=True)
+    resumed.text("config", {"seed": 0})
+    assert resumed.rewind(records.Cut(8, closed=False)) == 3  # 12 lines: 8 and 9 twice
+    kept = [(r["type"], r["step"]) for r in records.read_metrics(tmp_path)]
+    assert kept == [("train", s) for s in range(1, 7)] + [("eval", 6), ("train", 7), ("train", 8)]
+    files, seen = _raw_events(tmp_path)
+    assert files == 1 and max(c for c in seen.values()) == 1
+    assert {s for tag, s in seen if tag == "train/loss"} == set(range(1, 9))
+    train(resumed, range(9, 11), 1)
+    resumed.write("eval", task=1, step=10, A_t=40.0)
+    resumed.close()
+    lines = (tmp_path / records.METRICS_FILE).read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [*range(1, 7), 6, *range(7, 11), 10]
+    files, seen = _raw_events(tmp_path)
+    assert files == 1 and set(seen.values()) == {1}
+    assert sorted(s for tag, s in seen if tag == "train/loss") == list(range(1, 11))
+    assert sorted(s for tag, s in seen if tag == "eval/A_t") == [6, 10]
+    assert seen[("config/text_summary", 0)] == 1
+
+
+def test_a_cut_keeps_the_train_record_of_its_step_and_the_closing_ones_when_closed():
+    at = {"type": "train", "step": 5}, {"type": "eval", "step": 5}, {"type": "epoch", "step": 5}
+    after, loose = {"type": "train", "step": 6}, {"type": "note"}
+    assert [records.Cut(5, closed=False).keeps(r) for r in (*at, after, loose)] == [
+        True, False, False, False, True,
+    ]  # fmt: skip
+    assert [records.Cut(5).keeps(r) for r in (*at, after, loose)] == [True] * 3 + [False, True]
+    assert not records.Cut(0).keeps({"type": "train", "step": 1})

@@ -5,7 +5,8 @@ The driver writes these records to metrics.jsonl (accuracies and entropies as in
 `metrics.summary`, percent):
 
     * `"train"`: `task, step` (global optimizer step), `task_step, epoch, loss, alpha, entropy,
-      lr, grad_norm, images_per_s, train_peft`
+      lr` (the rate Adam applied to the head), `[lr_peft]` (only where PEFT trained at another
+      rate), `grad_norm, images_per_s, train_peft`
     * `"eval"`: `task` (evaluated after it), `step`, `accuracy` ({predictor: [acc of task i
       for i <= task]} in %), `A_t`, `acc_pooled`, `entropy`, `forgetting`, and (primary
       predictor, as far as evaluated) `forgetting_stepwise`, `bwt`, `old_accuracy`,
@@ -280,6 +281,12 @@ class Bookkeeping:
         """Takes the trackers and elapsed time of a restored checkpoint."""
         self.trackers = [metrics.AccuracyTracker.from_dict(d) for d in meta["trackers"]]
         self.elapsed_before = meta["elapsed_s"]
+
+    def rewind(self, cut: records.Cut) -> None:
+        """Drops from each seed's records what follows the checkpoint resumed from
+        (`records.MetricsWriter.rewind`)."""
+        for writer in self.writers:
+            writer.rewind(cut)
 
     def record_eval(self, task: int, step: int, results: list[dict]) -> None:
         """Writes each seed's eval record and prints A_t (mean +- std over seeds)."""

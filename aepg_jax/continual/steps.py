@@ -18,7 +18,8 @@ A train step, for a uint8 batch `(image, label)`:
      heads' (a `lax.cond` branch that back-propagates through the head alone) and the PEFT
      updates and Adam state are gated off (`partition.make_optimizer`);
   5. Adam update; `method_state = method.after_step(trainable, method_state)`.
-Metrics out: loss, alpha, local entropy, gradient norm, the phase flag.
+Metrics out: loss, alpha, local entropy, gradient norm, the phase flag, and `lr_<label>`, the
+learning rate Adam applies to each trainable label's leaves at this step (`applied_rates`).
 """
 
 from __future__ import annotations
@@ -127,9 +128,11 @@ def make_train_step(
     trainable_labels: Params,
     head_only_phase: bool,
     cfg: StepConfig,
+    rate: float | optax.Schedule,
 ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
     """`step(state, frozen, batch, task, total_steps[, train_peft]) -> (state, metrics)`, not
     jitted; `task` (a `TaskSpec` of int32 scalars) and the task's `total_steps` are traced.
+    `rate` is the learning rate `optimizer` was built with (`learning_rate`), for the metrics.
 
     `frozen` holds the backbone leaves. `make_schedule(T)` is the alpha schedule of a task of
     T steps. `head_only_phase` (static: the run has head-only epochs and PEFT leaves) makes the
@@ -165,6 +168,7 @@ def make_train_step(
             (loss, entropy), grads = jax.lax.cond(train_peft, grads_all, grads_head_only, *args)
         else:
             (loss, entropy), grads = grads_all(*args)
+        rates = applied_rates(state.opt_state, rate)  # at the counts this update uses
         updates, opt_state = optimizer.update(
             grads, state.opt_state, state.trainable, train_peft=train_peft
         )
@@ -188,6 +192,7 @@ def make_train_step(
             "entropy": entropy,
             "grad_norm": optax.tree.norm(grads),
             "train_peft": train_peft,
+            **{f"lr_{label}": r for label, r in rates.items()},
         }
         return new_state, metrics
 
@@ -251,6 +256,21 @@ def learning_rate(cfg, steps_per_epoch: int) -> float | optax.Schedule:
         return o.learning_rate * jnp.cos(99.0 * jnp.pi * k / span)
 
     return schedule
+
+
+def applied_rates(opt_state: optax.OptState, rate: float | optax.Schedule) -> dict[str, jax.Array]:
+    """`{label: rate(count)}` for each trainable label of `optimizer`'s state: the learning
+    rate of that label's next Adam update, at the label's own update count (a gated label's
+    count stands still while it is gated off, so after the head-only epochs PEFT's schedule
+    runs that many steps behind the head's)."""
+    rates = {}
+    for path, count in optax.tree_utils.tree_get_all_with_path(opt_state, "count"):
+        if getattr(path[-1], "tuple_name", None) != "ScaleByAdamState":
+            continue
+        label = next(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+        value = rate(count) if callable(rate) else rate
+        rates[str(label)] = jnp.asarray(value, jnp.float32)
+    return rates
 
 
 def optimizer(

@@ -13,7 +13,8 @@
                        capped), the alpha schedule restarting per task, PEFT frozen for the first
                        `optim.peft_freeze_epochs` epochs of tasks >= 1; logging every
                        `log_every_steps`, checkpoints every `checkpoint_every_steps`, a stop at
-                       the first non-finite loss
+                       the first non-finite loss; on a stop signal, a checkpoint of the step
+                       (the last one too, before end_task) and `Preempted`
         end_task       the method's end hook (e.g. LAE's offline copy after task 0)
         evaluate       every seen task's test set, task-agnostic and, in the same pass, with the
                        task given (argmax over its own classes; docs/algorithm.md §4, §17)
@@ -27,7 +28,9 @@ carries a leading seed axis and the programs are vmapped over it (`runs/seeds.py
 
 A resumed run ends with the same results as an uninterrupted one: a `task_done` checkpoint
 resumes at the next task's start, an `in_task` one at its task step (the loader replays the same
-batch order). The frozen backbone is not saved: its fingerprint must match.
+batch order; at the task's last step, with end_task and the evaluation). Its records are first
+rewound to the checkpoint (`records.Cut`), so each step is recorded once. The frozen backbone is
+not saved: its fingerprint must match.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from aepg_jax.continual.results import Bookkeeping, report
 from aepg_jax.continual.setup import Run
 from aepg_jax.data import loader, splits
 from aepg_jax.models import partition
-from aepg_jax.runs import checkpointing
+from aepg_jax.runs import checkpointing, records
 from aepg_jax.system import compiles, memory, preemption, progress
 
 TrainState = steps.TrainState
@@ -192,6 +195,7 @@ def train_step_fn(run: Run, key: int | None, phase: bool | None = None) -> Calla
         labels,
         has_peft and cfg.optim.peft_freeze_epochs > 0,
         run.step_cfg,
+        steps.learning_rate(cfg, key or 1),
     )
     lifted = run.axis.lift(step_fn, (0, run.frozen_axis, 0, None, None, None))
     vmapped = run.axis.vmapped
@@ -288,6 +292,7 @@ def restore(
     """(state, first task, first task step) from the newest checkpoint, or (None, 0, 0)."""
     restored = ckpt.restore_latest(lambda meta: setup.checkpoint_target(run, meta))
     if restored is None:
+        book.rewind(records.Cut(0))  # a run killed before its first checkpoint starts again
         return None, 0, 0
     items, meta = restored
     state = jax.device_put(items["state"], run.replicated)
@@ -298,6 +303,8 @@ def restore(
             "workdir, or restore the original weights."
         )
     book.resume_from(meta)
+    # What the stopped process recorded after this checkpoint is recorded again from here.
+    book.rewind(records.Cut(run.axis.first(state.global_step), meta["phase"] == "task_done"))
     if meta["phase"] == "task_done":
         start_task, start_step = meta["task"] + 1, 0
     else:
@@ -420,7 +427,7 @@ class _Logger:
                     loss=float(m["loss"]),
                     **self._alpha(float(m["alpha"])),
                     entropy=float(m["entropy"]),
-                    lr=run.cfg.optim.learning_rate,
+                    **_rates(m),
                     grad_norm=float(m["grad_norm"]),
                     images_per_s=ips,
                     train_peft=bool(m["train_peft"]),
@@ -440,6 +447,20 @@ class _Logger:
         if self.run.fixed_alpha is not None:
             return {"alpha": self.run.fixed_alpha}
         return {}
+
+
+def _rates(m: dict) -> dict[str, float]:
+    """A train record's learning rates: `lr`, the rate Adam applied to the head, and `lr_<label>`
+    for each other label (`peft`) that trained at that step at a different rate."""
+    # float32 as its shortest decimal: the configured 1e-3 reads 0.001, not 0.0010000000475.
+    rates = {k: float(str(np.float32(v))) for k, v in m.items() if k.startswith("lr_")}
+    head = rates.pop(f"lr_{partition.HEAD}")
+    out = {"lr": head}
+    for key, value in rates.items():
+        trains = key != f"lr_{partition.PEFT}" or bool(m["train_peft"])
+        if trains and value != head:
+            out[key] = value
+    return out
 
 
 def check_finite(run: Run, state: TrainState, task: int, ckpt: checkpointing.Checkpointer) -> None:
@@ -495,26 +516,23 @@ def train_task(
         progress.at(task=f"{t + 1}/{run.num_tasks}", step=f"{step}/{plan.total_steps}")
         if log(state, step, k, metrics_chunk, bar):
             check_finite(run, state, t, ckpt)
-        if step == plan.total_steps:
-            break  # the task's own checkpoint follows its evaluation
-        periodic = bool(every) and step // every > (step - k) // every
-        timed = minutes > 0 and time.monotonic() - last_save >= 60.0 * minutes
+        # The task's last step is checkpointed only on a signal: end_task and the evaluation
+        # follow, then the task's own checkpoint.
+        last = step == plan.total_steps
+        periodic = not last and bool(every) and step // every > (step - k) // every
+        timed = not last and minutes > 0 and time.monotonic() - last_save >= 60.0 * minutes
         signum, timed = preemption.agree(timed)
-        if periodic or timed or signum:
-            check_finite(run, state, t, ckpt)
-            global_step = run.axis.first(state.global_step)
-            ckpt.save(
-                global_step, {"state": state}, book.meta(t, "in_task", step // plan.steps_per_epoch)
-            )
-            last_save = time.monotonic()
+        if not (periodic or timed or signum):
+            continue
+        check_finite(run, state, t, ckpt)
+        global_step = run.axis.first(state.global_step)
+        items, meta = {"state": state}, book.meta(t, "in_task", step // plan.steps_per_epoch)
         if signum:
             bar.close()
-            ckpt.wait()
-            raise preemption.Preempted(
-                signum,
-                f"at task {t + 1}/{run.num_tasks}, step {step}/{plan.total_steps} (checkpoint "
-                f"{global_step} in {ckpt.directory})",
-            )
+            where = f"at task {t + 1}/{run.num_tasks}, step {step}/{plan.total_steps}"
+            preemption.save_and_stop(signum, ckpt, global_step, items, meta, where)
+        ckpt.save(global_step, items, meta)
+        last_save = time.monotonic()
     bar.close()
     check_finite(run, state, t, ckpt)
     return state

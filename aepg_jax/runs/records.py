@@ -3,12 +3,16 @@ results files, and the bookkeeping of a run's seeds (their folders, their config
 summary as mean +- std, the run's name on its plots).
 
 `metrics.jsonl` holds one JSON object per line, each with a `type` field (the writer enforces
-only `type`; each trainer documents its records). A killed run's partial last line is dropped
-when the file is continued, and `read_metrics` drops the records a resumed run repeated.
+only `type`; each trainer documents its records). Every record is there once: a resumed run
+first rewinds its records to its checkpoint (`MetricsWriter.rewind` with the checkpoint's
+`Cut`), dropping what the stopped process recorded after it (and a killed run's partial last
+line), and regenerates the TensorBoard events from what is kept; `read_metrics` still drops the
+repeats of a file written before rewinding existed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -69,13 +73,34 @@ def _drop_partial_last_line(path: Path) -> None:
             f.truncate(keep)
 
 
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """Where a checkpoint leaves a run's records: every record of a global step before `step`,
+    the `train` record of `step` itself and, when `closed`, the records that close the task or
+    epoch ending at `step` (`eval`, `epoch`: written after that step's `train` record). Steps
+    count from 1, so `Cut(0)` keeps no stepped record (a run started again from nothing).
+    Records without a `step` are always kept."""
+
+    step: int
+    closed: bool = True
+
+    def keeps(self, record: Mapping[str, Any]) -> bool:
+        step = record.get("step")
+        if step is None:
+            return True
+        if step != self.step:
+            return step < self.step
+        return self.closed or record.get("type") == "train"
+
+
 class MetricsWriter:
     """Appends one JSON object per line to `<workdir>/metrics.jsonl`, flushed after each line.
 
-    An existing file is continued (a resumed run); a partial last line left by a killed run is
-    removed first. With `enabled=False` (processes other than 0) every call is a no-op. With
-    `tensorboard=True` every record's numbers also go to a TensorBoard event file in `workdir`
-    (`runs/tensorboard.py`; a resumed run starts a new event file there).
+    An existing file is continued (a resumed run), after `rewind` to the checkpoint resumed
+    from; a partial last line left by a killed run is removed first. With `enabled=False`
+    (processes other than 0) every call is a no-op. With `tensorboard=True` every record's
+    numbers also go to a TensorBoard event file in `workdir` (`runs/tensorboard.py`; `rewind`
+    writes the kept records into one new event file there, in place of the earlier ones).
     """
 
     def __init__(self, workdir: str | os.PathLike, enabled: bool = True, tensorboard: bool = False):
@@ -83,6 +108,7 @@ class MetricsWriter:
         self.enabled = enabled
         self._file = None
         self.events = None
+        self._texts: list[tuple[str, Any]] = []  # written again into a regenerated event file
         if enabled and tensorboard:
             from aepg_jax.runs.tensorboard import EventWriter
 
@@ -113,7 +139,48 @@ class MetricsWriter:
     def text(self, tag: str, value: Any) -> None:
         """`value` (a config, say) as text in the event file, when there is one."""
         if self.events is not None:
+            self._texts.append((tag, to_jsonable(value)))
             self.events.text(tag, to_jsonable(value))
+
+    def rewind(self, cut: Cut) -> int:
+        """Keeps in metrics.jsonl only the records that `cut` keeps, each (type, task, step)
+        once (its last occurrence, as `read_metrics`), written atomically into a new file; with
+        TensorBoard, replaces the directory's event files by one holding the kept records'
+        scalars (and this writer's texts) when there were other event files or records were
+        dropped. Whatever stopped the previous process (a signal, SIGKILL, a lost lock), every
+        step is then recorded once. Returns the number of records dropped."""
+        if not self.enabled:
+            return 0
+        lock.fence(self.path)
+        kept, dropped = [], 0
+        if self.path.exists():
+            text = self.path.read_text(encoding="utf-8")
+            lines = sum(1 for line in text.split("\n") if line.strip())
+            kept = [r for r in read_metrics(self.path) if cut.keeps(r)]
+            dropped = lines - len(kept)
+            # A new file even when nothing is dropped: a process that lost the run and still
+            # holds the old one open appends there, not here.
+            self._file.close()
+            _replace_text(self.path, "".join(_dumps(r) + "\n" for r in kept))
+            self._file = open(self.path, "a", encoding="utf-8")
+        if self.events is not None:
+            self._regenerate_events(kept, dropped > 0)
+        return dropped
+
+    def _regenerate_events(self, kept: Sequence[Mapping[str, Any]], changed: bool) -> None:
+        """One event file holding `kept` in place of the directory's event files (a reader
+        merges every file of a directory: the steps of an abandoned process would show twice)."""
+        from aepg_jax.runs.tensorboard import EventWriter, event_files
+
+        directory = self.path.parent
+        others = [f for f in event_files(directory) if f != self.events.path]
+        if not (others or changed):
+            return
+        self.events.close()
+        for f in event_files(directory):
+            f.unlink(missing_ok=True)
+        self.events = EventWriter(directory)
+        self.events.replay(self._texts, kept)
 
     def close(self) -> None:
         if self._file is not None:
@@ -197,6 +264,22 @@ def kept_results(
         return dict(results)
 
 
+def _replace_text(path: Path, text: str) -> None:
+    """Writes `text` to `path` atomically (temp file + `os.replace`), with the mode of any file
+    the process creates (0644 under the usual umask 022, not mkstemp's 0600)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_results(
     workdir: str | os.PathLike, results: Mapping[str, Any], filename: str = RESULTS_FILE
 ) -> Path:
@@ -206,18 +289,7 @@ def write_results(
     workdir = Path(workdir)
     lock.fence(workdir / filename)
     workdir.mkdir(parents=True, exist_ok=True)
-    text = _dumps(results, indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=workdir, prefix=f".{filename}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, workdir / filename)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _replace_text(workdir / filename, _dumps(results, indent=2) + "\n")
     return workdir / filename
 
 

@@ -10,7 +10,10 @@ Every number of a metrics record becomes a scalar at the record's `step`, tagged
 Position fields (`step`, `task`, `task_step`, `epoch`), booleans, strings and nulls are not
 scalars. metrics.jsonl stays the source of truth: the events hold the same numbers. They go
 into the run's own directory, so `tensorboard --logdir=SWEEPDIR` lists a sweep's runs by their
-directory names.
+directory names. A reader merges every event file of a directory, so a resumed run does not add
+a file beside the stopped process's: it writes the records it keeps (`records.MetricsWriter.
+rewind`) into one new file and removes the earlier ones (`event_files`), and each step shows
+once.
 
 A disk that fills (or any other failed write of the event file, in tensorboardX's background
 thread or at a flush) raises `EventWriteError` at the run's next record, one line; the failed
@@ -22,12 +25,23 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from aepg_jax.runs import lock
 
 POSITION_FIELDS = frozenset({"type", "step", "task", "task_step", "epoch"})
+EVENT_FILE_PREFIX = "events.out.tfevents."
+
+
+def event_files(directory: str | os.PathLike) -> list[Path]:
+    """The TensorBoard event files directly in `directory` (none when it does not exist)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.startswith(EVENT_FILE_PREFIX))
 
 
 def scalars(record: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
@@ -51,6 +65,12 @@ def scalars(record: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
             yield from walk(f"{kind}/{key}", value)
 
 
+def _code_block(value: Any) -> str:
+    """`value` as indented JSON: a Markdown code block."""
+    body = json.dumps(value, indent=1, sort_keys=True)
+    return "\n".join("    " + line for line in body.splitlines())
+
+
 class EventWriteError(RuntimeError):
     """The event file could not be written (a full disk, say)."""
 
@@ -65,8 +85,10 @@ class EventWriter:
         self.error: OSError | None = None
         self._writer = SummaryWriter(logdir=self.directory, flush_secs=30)
         events = self._writer._get_file_writer().event_writer._ev_writer  # tensorboardX's file
+        self.path = Path(events._file_name)
         events.write_event = self._guarded(events.write_event)
         events.flush = self._guarded(events.flush)
+        self._events = events
 
     def _guarded(self, call):
         """`call` that keeps its OSError (raised in tensorboardX's thread, or at a flush) for
@@ -106,8 +128,32 @@ class EventWriter:
         """`value` (JSON-ready: `records.to_jsonable`) as JSON in a code block (TensorBoard
         renders text as Markdown)."""
         self.check()
-        body = json.dumps(value, indent=1, sort_keys=True)
-        self._writer.add_text(tag, "\n".join("    " + line for line in body.splitlines()), 0)
+        self._writer.add_text(tag, _code_block(value), 0)
+
+    def replay(
+        self, texts: Sequence[tuple[str, Any]], records: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Writes `texts` (as `text`) and the scalars of `records` (as `record`) into the event
+        file now, in order, and flushes it: a resumed run's history, written before anything
+        else goes to this writer (tensorboardX's background thread writes the later ones)."""
+        from tensorboardX import summary
+        from tensorboardX.proto import event_pb2
+
+        self.check()
+        now = time.time()
+        for tag, value in texts:
+            event = event_pb2.Event(summary=summary.text(tag, _code_block(value)), step=0)
+            event.wall_time = now
+            self._events.write_event(event)
+        for record in records:
+            if record.get("step") is None:
+                continue
+            for tag, value in scalars(record):
+                event = event_pb2.Event(summary=summary.scalar(tag, value), step=record["step"])
+                event.wall_time = now
+                self._events.write_event(event)
+        self._events.flush()
+        self.check()
 
     def flush(self) -> None:
         self._writer.flush()

@@ -16,7 +16,9 @@ Checkpoints (Orbax, `<workdir>/checkpoints/<step>/`) after every `checkpoint_eve
 epochs and the last: parameters, BatchNorm statistics, SGD momentum, step, RNG, and the
 per-epoch history. Inside an epoch, one every `checkpoint_every_minutes` of wall time and one at
 the step a SIGTERM / SIGUSR1 arrived (then the run stops: `system/preemption.py`), each with the
-epoch's running train sums. Re-running resumes after the newest one, with identical results.
+epoch's running train sums (a signal at an epoch's last step is checkpointed before its
+evaluation, which the resumed run does first). Re-running resumes after the newest one, with
+identical results, and with each record of metrics.jsonl once (`records.MetricsWriter.rewind`).
 """
 
 from __future__ import annotations
@@ -185,8 +187,7 @@ class _Run:
                         **{k: float(v[s]) for k, v in host.items()},
                     )  # fmt: skip
                 bar.set_postfix(loss=f"{np.mean(host['loss']):.3f}", lr=f"{host['lr'][0]:.3g}")
-            if i + 1 < n:
-                self.checkpoint_in_epoch(state, epoch, i + 1, sums, bar)
+            self.checkpoint_in_epoch(state, epoch, i + 1, sums, bar)
         bar.close()
         batches.close()
         examples = n * cfg.optim.batch_size
@@ -236,10 +237,12 @@ class _Run:
         self.last_save = time.monotonic()
 
     def checkpoint_in_epoch(self, state, epoch: int, step: int, sums: dict, bar) -> None:
-        """After step `step` (< steps per epoch) of `epoch`: a checkpoint when the wall-clock
-        interval has passed or a stop signal arrived; on a signal, `Preempted` once written."""
+        """After step `step` of `epoch`: a checkpoint when the wall-clock interval has passed
+        (not at the epoch's last step: its own checkpoint follows the evaluation) or a stop
+        signal arrived; on a signal, `Preempted` once written."""
         minutes = self.cfg.checkpoint_every_minutes
-        timed = minutes > 0 and time.monotonic() - self.last_save >= 60.0 * minutes
+        last = step == self.steps_per_epoch
+        timed = not last and minutes > 0 and time.monotonic() - self.last_save >= 60.0 * minutes
         signum, timed = preemption.agree(timed)
         if not (signum or timed):
             return
@@ -249,16 +252,15 @@ class _Run:
             "sums": {k: {"dtype": str(v.dtype), "values": v.tolist()} for k, v in host.items()},
         }
         global_step = epoch * self.steps_per_epoch + step
-        self.ckpt.save(global_step, {"state": state}, self.meta(epoch, in_epoch))
-        self.last_save = time.monotonic()
+        items, meta = {"state": state}, self.meta(epoch, in_epoch)
         if signum:
             bar.close()
-            self.ckpt.wait()
-            raise preemption.Preempted(
-                signum,
-                f"at epoch {epoch + 1}/{self.cfg.optim.epochs}, step {step}/"
-                f"{self.steps_per_epoch} (checkpoint {global_step} in {self.ckpt.directory})",
+            where = (
+                f"at epoch {epoch + 1}/{self.cfg.optim.epochs}, step {step}/{self.steps_per_epoch}"
             )
+            preemption.save_and_stop(signum, self.ckpt, global_step, items, meta, where)
+        self.ckpt.save(global_step, items, meta)
+        self.last_save = time.monotonic()
 
     def restore(self) -> tuple[ts.TrainState, int, int, dict | None]:
         """(state, epochs done, step within the next epoch, its train sums so far) of the
@@ -266,6 +268,8 @@ class _Run:
         fresh = self.init_state()
         restored = self.ckpt.restore_latest(lambda meta: {"state": fresh})
         if restored is None:
+            for writer in self.writers:  # a run killed before its first checkpoint starts again
+                writer.rewind(records.Cut(0))
             return fresh, 0, 0, None
         items, meta = restored
         state = items["state"]
@@ -284,6 +288,10 @@ class _Run:
                 k: jax.device_put(np.asarray(v["values"], v["dtype"]), self.replicated)
                 for k, v in in_epoch["sums"].items()
             }
+        # What the stopped process recorded after this checkpoint is recorded again from here.
+        cut = records.Cut(meta["epochs_done"] * self.steps_per_epoch + step, closed=not in_epoch)
+        for writer in self.writers:
+            writer.rewind(cut)
         if self.is_main:
             where = f", step {step}" if in_epoch else ""
             tqdm.tqdm.write(
@@ -333,14 +341,14 @@ class _Run:
             start, sums = 0, None
             self.record_epoch(epoch, train, self.evaluate(state))
             signum, _ = preemption.agree(False)
-            if (epoch + 1) % self.cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs or signum:
-                self.save(state, epoch + 1)
-            if signum and epoch + 1 < epochs:
-                self.ckpt.wait()
-                raise preemption.Preempted(
-                    signum,
-                    f"after epoch {epoch + 1}/{epochs} (checkpoint in {self.ckpt.directory})",
+            if signum and epoch + 1 < epochs:  # during the evaluation: stop after its epoch
+                step = (epoch + 1) * self.steps_per_epoch
+                where = f"after epoch {epoch + 1}/{epochs}"
+                preemption.save_and_stop(
+                    signum, self.ckpt, step, {"state": state}, self.meta(epoch + 1), where
                 )
+            if (epoch + 1) % self.cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs:
+                self.save(state, epoch + 1)
         self.ckpt.wait()
         finished = done >= epochs  # before this process: its results files stay as written
         return self.report(self.elapsed_before + time.time() - self.started, finished)

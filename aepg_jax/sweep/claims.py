@@ -15,7 +15,8 @@ seconds between looks) so that a run whose worker dies (its lock freed by the ke
 heartbeat gone stale) is claimed again and resumes from its checkpoint. It ends when every run
 is done or has failed since it started (a run that failed before is tried again), or on a
 stop signal (`system/preemption.py`): the run in progress checkpoints its step and the worker
-claims no other.
+claims no other. A worker with nothing left to run ends normally, even after a signal that
+its last run finished despite (SLURM then has nothing to requeue).
 """
 
 from __future__ import annotations
@@ -103,12 +104,12 @@ def work(
     none is left to run; `left`: the units still pending besides this one."""
     waiting = False
     while True:
+        todo = pending(root, units, started)
+        if not todo:  # nothing left: a signal that came during the last run stops nothing
+            return
         signum = preemption.requested()
         if signum:  # between runs: each run's own checkpoints hold everything done
             raise preemption.Preempted(signum, "between runs")
-        todo = pending(root, units, started)
-        if not todo:
-            return
         for k, unit in todo:
             claimed = claim(root, unit, started)
             if claimed is False:

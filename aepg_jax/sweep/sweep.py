@@ -22,7 +22,8 @@ per run (A_T when done, the ETA). A run that fails on its data is recorded, the 
 and the sweep exits 1 at the end; run it again to retry. `--shard=i/n` takes every n-th run from
 the i-th; `--slurm` prints an sbatch array script; `--vmap_seeds` trains a cell's seeds as one
 program. SIGTERM or SIGUSR1 checkpoint the run in progress and exit 143 or 138; the same
-command resumes. `--status` prints each run as done, running, failed, partial or todo.
+command resumes. A worker whose runs are all done (a signal that its last run finished despite)
+exits 0. `--status` prints each run as done, running, failed, partial or todo.
 docs/paper.md has the details; `python -m aepg_jax.tables DIR` then prints the tables.
 
 `--slurm` (docs/paper.md, "On a SLURM cluster") prints, instead of running, an sbatch array

@@ -3,10 +3,12 @@
 SLURM (on `scancel`, a time limit, `scontrol requeue` or preemption), spot VMs and preemptible
 TPUs send SIGTERM and, after a grace period, SIGKILL; an sbatch `--signal=B:USR1@<seconds>`
 asks for SIGUSR1 ahead of the time limit. Inside `catch()` these signals are recorded instead
-of ending the process: the trainers ask `requested()` after every step, write a checkpoint and
-raise `Preempted`, and `aepg_jax.main` and `aepg_jax.sweep` end with one line and exit status
-`128 + signal number` (143 for SIGTERM, 138 for SIGUSR1), what a shell reports for a process
-that the signal ended. Running the same command again resumes exactly.
+of ending the process: the trainers ask `agree()` after every step (the last step of a task or
+epoch included, before its evaluation), and on a signal `save_and_stop` writes the checkpoint,
+waits for it and raises `Preempted`; a signal during an evaluation is acted on at the next
+checkpoint that follows it. Then `aepg_jax.main` and `aepg_jax.sweep` end with one line and
+exit status `128 + signal number` (143 for SIGTERM, 138 for SIGUSR1), what a shell reports for
+a process that the signal ended. Running the same command again resumes exactly.
 
 Signals reach a process, not a function: the handler writes the one fact that the signal
 arrived into this module's `_received`, which `catch()` owns (set on entry, cleared on exit).
@@ -17,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any, NoReturn, Protocol
 
 import jax
 import numpy as np
@@ -35,6 +38,31 @@ class Preempted(Exception):
         self.signum = signum
         self.status = 128 + signum
         super().__init__(f"stopped by {signal.Signals(signum).name} {where}")
+
+
+class Saver(Protocol):
+    """What `save_and_stop` needs of a checkpointer (`runs.checkpointing.Checkpointer`)."""
+
+    directory: str
+
+    def save(self, step: int, items: Mapping[str, Any], meta: Mapping[str, Any]) -> None: ...
+
+    def wait(self) -> None: ...
+
+
+def save_and_stop(
+    signum: int,
+    ckpt: Saver,
+    step: int,
+    items: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    where: str,
+) -> NoReturn:
+    """Saves checkpoint `step`, waits until it is written, raises `Preempted` saying `where`
+    the run stopped and which checkpoint resumes it."""
+    ckpt.save(step, items, meta)
+    ckpt.wait()
+    raise Preempted(signum, f"{where} (checkpoint {step} in {ckpt.directory})")
 
 
 def requested() -> int | None:
