@@ -198,6 +198,7 @@ def our_step(
             partition.label_params(trainable),
             task.freeze_steps > 0,
             setup.step_config(cfg),
+            ts.learning_rate(cfg, 1),
         )
         spec, total = task.traced(), jnp.asarray(TOTAL_STEPS, jnp.int32)
         state = ts.TrainState(

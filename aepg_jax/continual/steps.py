@@ -267,7 +267,8 @@ def applied_rates(opt_state: optax.OptState, rate: float | optax.Schedule) -> di
     for path, count in optax.tree_utils.tree_get_all_with_path(opt_state, "count"):
         if getattr(path[-1], "tuple_name", None) != "ScaleByAdamState":
             continue
-        label = next(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+        # An unpartitioned Adam (benchmarks' ablation) has one count for every leaf.
+        label = next((k.key for k in path if isinstance(k, jax.tree_util.DictKey)), "all")
         value = rate(count) if callable(rate) else rate
         rates[str(label)] = jnp.asarray(value, jnp.float32)
     return rates
