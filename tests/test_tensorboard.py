@@ -94,7 +94,7 @@ def test_runs_under_one_root_show_by_their_names(tmp_path):
 def test_a_full_disk_under_the_event_file_is_one_line_and_no_thread_traceback(
     tmp_path, monkeypatch, capfd
 ):
-    """The disk fills: tensorboardX's background write fails (ENOSPC at the lowest write call);
+    """The disk fills: an event write fails (ENOSPC at the lowest write call);
     the run's next record raises one line naming the directory and what to do, no thread
     prints a traceback, metrics.jsonl keeps every line written, and closing raises nothing."""
     import errno
@@ -191,3 +191,17 @@ def test_a_cut_keeps_the_train_record_of_its_step_and_the_closing_ones_when_clos
     ]  # fmt: skip
     assert [records.Cut(5).keeps(r) for r in (*at, after, loose)] == [True] * 3 + [False, True]
     assert not records.Cut(0).keeps({"type": "train", "step": 1})
+
+
+def test_events_are_written_in_the_calling_thread(tmp_path):
+    """No queue or background thread: a Ctrl-C raised in the main thread while a record is
+    written cannot leave a queue that `close` would wait on."""
+    import threading
+
+    before = threading.active_count()
+    writer = tb.EventWriter(tmp_path)
+    writer.record({"type": "train", "step": 1, "loss": 0.5})
+    assert threading.active_count() == before
+    writer.close()
+    _, seen = _raw_events(tmp_path)
+    assert seen[("train/loss", 1)] == 1

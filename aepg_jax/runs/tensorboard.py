@@ -15,10 +15,10 @@ a file beside the stopped process's: it writes the records it keeps (`records.Me
 rewind`) into one new file and removes the earlier ones (`event_files`), and each step shows
 once.
 
-A disk that fills (or any other failed write of the event file, in tensorboardX's background
-thread or at a flush) raises `EventWriteError` at the run's next record, one line; the failed
-writer writes nothing more and its `close` does not raise again, so the run stops as after any
-error and the same command resumes it from its last checkpoint (in a new event file).
+A disk that fills (or any other failed write of the event file, at a record or a flush) raises
+`EventWriteError` at the run's next record, one line; the failed writer writes nothing more and
+its `close` does not raise again, so the run stops as after any error and the same command
+resumes it from its last checkpoint (in a new event file).
 """
 
 from __future__ import annotations
@@ -76,34 +76,38 @@ class EventWriteError(RuntimeError):
 
 
 class EventWriter:
-    """Writes a run's scalars and config text into `directory`'s event file."""
+    """Writes a run's scalars and config text into a new event file in `directory`.
+
+    Events are written in the calling thread (tensorboardX's `EventsWriter`, without its
+    `SummaryWriter`'s queue and background thread) and flushed every `FLUSH_S` seconds, at
+    `flush` and at `close`: a Ctrl-C that lands while a record is written cannot leave a queue
+    that `close` then waits on forever."""
+
+    FLUSH_S = 30.0
 
     def __init__(self, directory: str | os.PathLike):
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
 
         self.directory = os.fspath(directory)
+        os.makedirs(self.directory, exist_ok=True)
         self.error: OSError | None = None
-        self._writer = SummaryWriter(logdir=self.directory, flush_secs=30)
-        events = self._writer._get_file_writer().event_writer._ev_writer  # tensorboardX's file
-        self.path = Path(events._file_name)
-        events.write_event = self._guarded(events.write_event)
-        events.flush = self._guarded(events.flush)
-        self._events = events
+        self._events = EventsWriter(os.path.join(self.directory, "events"))
+        self.path = Path(self._events._file_name)
+        self._flushed = time.monotonic()
 
-    def _guarded(self, call):
-        """`call` that keeps its OSError (raised in tensorboardX's thread, or at a flush) for
-        `check` instead of raising it; after one, it writes nothing more."""
-
-        def guarded(*args):
-            if self.error is not None or not lock.owns(self.directory):
-                return None  # failed before, or the run was taken over: nothing more
-            try:
-                return call(*args)
-            except OSError as err:
-                self.error = err
-                return None
-
-        return guarded
+    def _write(self, events: Iterator[Any] | Sequence[Any], flush: bool = False) -> None:
+        """Writes `events` (tensorboardX `Event`s); keeps a write's OSError for `check` instead
+        of raising it. After one, or once the run was taken over, it writes nothing more."""
+        if self.error is not None or not lock.owns(self.directory):
+            return
+        try:
+            for event in events:
+                self._events.write_event(event)
+            if flush or time.monotonic() - self._flushed >= self.FLUSH_S:
+                self._events.flush()
+                self._flushed = time.monotonic()
+        except OSError as err:
+            self.error = err
 
     def check(self) -> None:
         """Raises EventWriteError, one line, once a write of the event file failed."""
@@ -118,54 +122,61 @@ class EventWriter:
     def record(self, record: Mapping[str, Any]) -> None:
         """The scalars of one metrics record (JSON-ready: `records.to_jsonable`)."""
         self.check()
-        step = record.get("step")
-        if step is None:
-            return
-        for tag, value in scalars(record):
-            self._writer.add_scalar(tag, value, global_step=int(step))
+        if record.get("step") is not None:
+            self._write(_scalar_events(record, time.time()))
 
     def text(self, tag: str, value: Any) -> None:
         """`value` (JSON-ready: `records.to_jsonable`) as JSON in a code block (TensorBoard
         renders text as Markdown)."""
         self.check()
-        self._writer.add_text(tag, _code_block(value), 0)
+        self._write([_text_event(tag, value, time.time())])
 
     def replay(
         self, texts: Sequence[tuple[str, Any]], records: Sequence[Mapping[str, Any]]
     ) -> None:
         """Writes `texts` (as `text`) and the scalars of `records` (as `record`) into the event
-        file now, in order, and flushes it: a resumed run's history, written before anything
-        else goes to this writer (tensorboardX's background thread writes the later ones)."""
-        from tensorboardX import summary
-        from tensorboardX.proto import event_pb2
-
+        file now, in order, and flushes it: a resumed run's history."""
         self.check()
         now = time.time()
-        for tag, value in texts:
-            event = event_pb2.Event(summary=summary.text(tag, _code_block(value)), step=0)
-            event.wall_time = now
-            self._events.write_event(event)
+        self._write([_text_event(tag, value, now) for tag, value in texts])
         for record in records:
-            if record.get("step") is None:
-                continue
-            for tag, value in scalars(record):
-                event = event_pb2.Event(summary=summary.scalar(tag, value), step=record["step"])
-                event.wall_time = now
-                self._events.write_event(event)
-        self._events.flush()
+            if record.get("step") is not None:
+                self._write(_scalar_events(record, now))
+        self._write([], flush=True)
         self.check()
 
     def flush(self) -> None:
-        self._writer.flush()
+        self._write([], flush=True)
         self.check()
 
     def close(self) -> None:
         """Flushes and closes; after a failed write, closes without raising (the failure was
         raised at a record, or is no use to report now)."""
         failed = self.error is not None
+        self._write([], flush=True)
         try:
-            self._writer.close()
+            self._events.close()
         except OSError:
             failed = True
         if not failed:
             self.check()
+
+
+def _scalar_events(record: Mapping[str, Any], wall_time: float) -> Iterator[Any]:
+    """The scalar events of a metrics record with a `step`."""
+    from tensorboardX import summary
+    from tensorboardX.proto import event_pb2
+
+    step = int(record["step"])
+    for tag, value in scalars(record):
+        yield event_pb2.Event(summary=summary.scalar(tag, value), step=step, wall_time=wall_time)
+
+
+def _text_event(tag: str, value: Any, wall_time: float) -> Any:
+    """A text event at step 0: `value` as JSON in a Markdown code block."""
+    from tensorboardX import summary
+    from tensorboardX.proto import event_pb2
+
+    return event_pb2.Event(
+        summary=summary.text(tag, _code_block(value)), step=0, wall_time=wall_time
+    )
