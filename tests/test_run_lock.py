@@ -97,8 +97,10 @@ def test_a_requeued_slurm_job_takes_over_its_earlier_run_at_once(tmp_path, monke
     _foreign_claim(tmp_path / "run", age=1, job="77_3", restart=0)  # fresh: alive by its beat
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
-    with pytest.raises(lock.Busy):  # the same restart: not a requeue of it
+    with pytest.raises(lock.Busy) as err:  # the same restart: not a requeue of it
         lock.acquire(str(tmp_path / "run"))
+    assert "other-node pid 1234 since " in str(err.value)
+    assert ", SLURM job 77_3" in str(err.value)  # what scancel and squeue take
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     with lock.hold(str(tmp_path / "run")):
         holder = lock.read_holder(str(tmp_path / "run"))

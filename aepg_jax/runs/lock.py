@@ -185,7 +185,8 @@ class Holder:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
 
     def describe(self) -> str:
-        return f"{self.host} pid {self.pid} since {self.since_text}"
+        job = f", SLURM job {self.job}" if self.job else ""  # what scancel and squeue take
+        return f"{self.host} pid {self.pid} since {self.since_text}{job}"
 
     def known_dead(self) -> bool:
         """Its pid gone on this machine (host, boot or machine id and pid namespace all this
