@@ -7,12 +7,13 @@ a plain file-system baseline measured in the same run.
 
 In a temporary directory:
 
-* `identity.file_digest` of a `--weights_mb` MB file of random bytes (ViT-B/16's augreg .npz is
-  ~330 MB): the first call (sha256 of the file, written to the on-disk digest cache), a second
-  call answered from memory, a call answered from the on-disk cache after `identity._MEMORY` is
-  cleared, and one in a fresh process (timed inside it, without the interpreter's start);
-  baseline: reading the file in 1 MiB chunks. The file was just written, so every read is from
-  the page cache (a weights file read for the first time after a reboot adds the disk's time).
+* `identity.file_digest` of a `--weights_mb` MiB file of random bytes (ViT-B/16's augreg .npz
+  is 330 MiB, 346 MB): the first call (sha256 of the file, written to the on-disk digest
+  cache), a second call answered from memory, a call answered from the on-disk cache after
+  `identity._MEMORY` is cleared, and one in a fresh process (timed inside it, without the
+  interpreter's start); baseline: reading the file in 1 MiB chunks. The file was just written,
+  so every read is from the page cache (a weights file read for the first time after a reboot
+  adds the disk's time).
 * `identity.folder_digest` of a folder in ImageNet-R's layout (`--classes` class folders holding
   `--files` small files: the listing is what is hashed); baseline: a plain `os.walk` of it.
 * `MetricsWriter.rewind` of a metrics.jsonl holding a whole run's records: `--config`'s epochs,
@@ -245,7 +246,7 @@ def bench_rewind(tmp: str, cfg, train: int, every: int, repeats: int) -> list[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--weights_mb", type=int, default=330, help="weights file size (MB)")
+    parser.add_argument("--weights_mb", type=int, default=330, help="weights file size (MiB)")
     parser.add_argument("--classes", type=int, default=200, help="class folders")
     parser.add_argument("--files", type=int, default=30_000, help="files in the folder")
     parser.add_argument("--config", default="configs/imagenet_r.py:tasks=10,method=lae")
