@@ -162,3 +162,14 @@ def test_fallback_leaves_a_short_clean_stderr(tmp_path):
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert "Event loop is closed" not in out.stderr
     assert len(lines) <= 2 and all(len(line) < 400 for line in lines), lines
+
+
+def test_an_abandoned_checkpointer_closes_without_waiting(tmp_path):
+    """Ctrl-C: the trainers abandon their checkpointer, whose close then waits on no save
+    (a KeyboardInterrupt inside Orbax's hand-over could leave that wait without an end)."""
+    ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
+    waited = []
+    ckpt._manager.wait_until_finished = lambda: waited.append(True)
+    ckpt.abandon()
+    ckpt.close()
+    assert waited == []

@@ -712,6 +712,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
             if r.is_main:
                 print(counter.line())
             return out
+        except KeyboardInterrupt:
+            ckpt.abandon()  # the process ends at once (checkpointing.Checkpointer.abandon)
+            raise
         finally:
             ckpt.close()  # waits for a pending asynchronous save
             book.close()

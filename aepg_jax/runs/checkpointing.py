@@ -328,9 +328,17 @@ class Checkpointer:
             )
         return None
 
+    def abandon(self) -> None:
+        """Ctrl-C: `close` then waits for nothing. The process ends at once (`aepg_jax.main`),
+        a pending save is left unfinished (a temporary directory no restore reads): the
+        interrupt may have cut Orbax's threads' hand-over in the main thread, and a wait on
+        them could then never end."""
+        self._failed = True
+
     def close(self) -> None:
         """Waits for the pending save and closes; after a failed save, nothing (its threads
-        would never finish), or after the run was taken over by another process (`lock.Lost`)."""
+        would never finish), after `abandon`, or after the run was taken over by another
+        process (`lock.Lost`)."""
         if self._failed or not lock.owns(self.directory):
             return
         self._writing(self._manager.wait_until_finished)

@@ -419,5 +419,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     runner = _Run(cfg, workdir)
     try:
         return runner.run()
+    except KeyboardInterrupt:
+        runner.ckpt.abandon()  # the process ends at once (checkpointing.Checkpointer.abandon)
+        raise
     finally:
         runner.close()
