@@ -6,7 +6,7 @@ set one batch): its initial adapters and cosine head, the adapters and head afte
 first-session adaptation (3 SGD epochs), the prototypes (the classifier's weight) and the test
 predictions after every task, and the accuracy matrix. Our trainer runs the same images (an
 image folder), weights and settings with the official initial adapters and head copied in, and
-must give the same numbers (docs/algorithm.md §19 has the table of tolerances).
+must give the same numbers (docs/algorithm.md §20 has the table of tolerances).
 """
 
 from pathlib import Path

@@ -90,8 +90,9 @@ Fields (defaults in brackets):
                                to this before Adam, as torch's clip_grad_norm_; 0: off
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
-  method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora
-                               (methods/, one module each)
+  method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora |
+                               simplecil | aper (methods/, one module each; simplecil and aper
+                               have no method.* fields: APER adapts model.peft on task 0)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
                                decay); LwF lwf_temperature [1.0], lwf_weight [1.0];

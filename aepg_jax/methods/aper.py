@@ -1,4 +1,4 @@
-"""APER (docs/algorithm.md §19): first-session adaptation, then SimpleCIL on merged features.
+"""APER (docs/algorithm.md §20): first-session adaptation, then SimpleCIL on merged features.
 
 Task 0 trains the model's PEFT modules (`model.peft`; APER's default variant is the
 AdaptFormer adapter, `model.peft.kind=adapter`, `adapter_style=ffn`, `adapter_dim=64` on every

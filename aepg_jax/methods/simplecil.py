@@ -1,4 +1,4 @@
-"""SimpleCIL (docs/algorithm.md §18): a frozen backbone, class-mean prototypes, cosine classifier.
+"""SimpleCIL (docs/algorithm.md §19): a frozen backbone, class-mean prototypes, cosine classifier.
 
 After each task t, for every class c of the task, over the task's training images x_i under the
 test transform (no augmentation):

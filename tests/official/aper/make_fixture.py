@@ -21,7 +21,7 @@ Stand-ins, scaffolding only:
     shuffle does not change a step;
   * `num_workers = 0`; `.cuda()` is the identity (CPU); `topk = 1` (the tasks have 2 classes);
   * the adapters' dropout (0.1 in `Block.__init__`) set to 0 after construction: this project's
-    ViT has no dropout (docs/algorithm.md §19 lists it among the departures).
+    ViT has no dropout (docs/algorithm.md §20 lists it among the departures).
 
 Regenerate (torch and timm 0.6.12, the code's README version, in a venv of their own):
 
