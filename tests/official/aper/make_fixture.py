@@ -23,16 +23,17 @@ Stand-ins, scaffolding only:
   * the adapters' dropout (0.1 in `Block.__init__`) set to 0 after construction: this project's
     ViT has no dropout (docs/algorithm.md §20 lists it among the departures).
 
-Regenerate (torch and timm 0.6.12, the code's README version, in a venv of their own):
+Regenerate (torch and timm 0.6.13 in a venv of their own: the code's README names 0.6.12, whose
+`maxxvit` dataclasses do not import on Python 3.11; 0.6.13 is its fix release, the ViT unchanged):
 
     python3 -m venv /tmp/venv_rcil
     /tmp/venv_rcil/bin/pip install torch==2.13.0
-    /tmp/venv_rcil/bin/pip install --no-deps timm==0.6.12
+    /tmp/venv_rcil/bin/pip install --no-deps timm==0.6.13
     /tmp/venv_rcil/bin/pip install easydict scipy tqdm safetensors numpy pyyaml huggingface_hub
     git clone https://github.com/zhoudw-zdw/RevisitingCIL /tmp/rcil  # at the commit above
     /tmp/venv_rcil/bin/python tests/official/aper/make_fixture.py --repo=/tmp/rcil
 
-Generated with torch 2.13.0+cpu, timm 0.6.12, numpy (see the fixture's `versions`), CPU.
+Generated with torch 2.13.0+cpu, timm 0.6.13, numpy (the fixture's `versions`), Python 3.11, CPU.
 """
 
 from __future__ import annotations
