@@ -21,6 +21,7 @@ from typing import Any
 from aepg_jax.methods.base import Method, Network, TaskContext, TaskSpec
 from aepg_jax.methods.coda_prompt import CodaPrompt
 from aepg_jax.methods.dualprompt import DualPrompt
+from aepg_jax.methods.ease import Ease
 from aepg_jax.methods.inflora import InfLoRA
 from aepg_jax.methods.l2p import L2P
 from aepg_jax.methods.lae import LAE
@@ -30,6 +31,7 @@ from aepg_jax.methods.plain import Plain
 REGISTRY: dict[str, type[Method]] = {
     m.name: m for m in (Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA)
 }
+REGISTRY[Ease.name] = Ease
 NAMES = tuple(REGISTRY)
 
 __all__ = ["NAMES", "REGISTRY", "Method", "Network", "TaskContext", "TaskSpec", "defaults", "get"]

@@ -8,6 +8,13 @@ D is the token width, H the number of heads, Dh = D / H.
                         B (D, r) = 0, s = 1: the identity at initialisation.
   Adapter (parallel)    x + Attn(LN x) + s Up(GELU(Down(LN x))), hidden m; Down ~ U(+-1/sqrt(D)),
                         bias 0; Up = 0, s = 1: the identity at initialisation.
+                        `adapter_form=adaptformer` (AdaptFormer's, as APER, RanPAC and EASE's
+                        code `ffn_option=parallel`, `ffn_adapter_scalar=0.1`,
+                        `ffn_adapter_layernorm_option=none`, `init_option=lora`): with
+                        h = x + Attn(LN x), the block output h + MLP(LN h) + 0.1 Up(ReLU(Down(h)))
+                        (beside the MLP, on the un-normalised residual stream, ReLU, a fixed
+                        scale 0.1, no learned scalar); same init, the identity at initialisation.
+                        The reference adapters' dropout (p 0.1, training only) is not applied.
   Prefix (compensated)  L learned keys and values, P_k, P_v (L, D) ~ U(0, 0.01), each times a
                         scalar (init 1), split into heads and inserted after the cls position.
                         With `lam` = the softmax mass on the prefix columns, the prefix weights
@@ -28,6 +35,8 @@ import jax
 import jax.numpy as jnp
 
 PEFT_KINDS = ("none", "lora", "adapter", "prefix")
+ADAPTER_FORMS = ("lae", "adaptformer")  # where the adapter sits and what it computes (above)
+ADAPTFORMER_SCALE = 0.1  # AdaptFormer's `ffn_adapter_scalar` in APER / RanPAC / EASE's code
 _PREFIX_EPS = 1e-12
 
 
@@ -40,10 +49,16 @@ class PeftConfig:
     lora_rank: int = 4
     adapter_dim: int = 5
     prefix_length: int = 10
+    adapter_form: str = "lae"
 
     def __post_init__(self):
         if self.kind not in PEFT_KINDS:
             raise ValueError(f"peft.kind={self.kind!r} is unknown; valid: {', '.join(PEFT_KINDS)}.")
+        if self.adapter_form not in ADAPTER_FORMS:
+            raise ValueError(
+                f"peft.adapter_form={self.adapter_form!r} is unknown; valid: "
+                f"{', '.join(ADAPTER_FORMS)}."
+            )
         for name in ("lora_rank", "adapter_dim", "prefix_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"peft.{name} must be >= 1; got {getattr(self, name)}.")
@@ -112,10 +127,12 @@ class LoRA(nn.Module):
 
 
 class Adapter(nn.Module):
-    """Parallel bottleneck adapter `s Up(GELU(Down(y)))`, added to the attention output."""
+    """Parallel bottleneck adapter `s Up(GELU(Down(y)))`, added to the attention output
+    (`form=lae`), or `0.1 Up(ReLU(Down(h)))` added beside the MLP (`form=adaptformer`)."""
 
     hidden_dim: int
     dtype: Any = jnp.float32  # the output's dtype; parameters stay float32
+    form: str = "lae"
 
     # The bottleneck computes in float32 whatever the model's compute dtype (a few hidden
     # units: no cost), so its gradients are summed over the batch and devices in float32.
@@ -130,7 +147,7 @@ class Adapter(nn.Module):
             bias_init=nn.initializers.zeros,
             name="down",
         )(y)
-        h = nn.gelu(h, approximate=False)
+        h = nn.relu(h) if self.form == "adaptformer" else nn.gelu(h, approximate=False)
         h = nn.Dense(
             width,
             kernel_init=nn.initializers.zeros,
@@ -138,6 +155,8 @@ class Adapter(nn.Module):
             dtype=jnp.float32,
             name="up",
         )(h)
+        if self.form == "adaptformer":
+            return (ADAPTFORMER_SCALE * h).astype(self.dtype)
         scale = self.param("scale", nn.initializers.ones, ())
         return (scale * h).astype(self.dtype)
 
@@ -182,12 +201,16 @@ def compensate_prefix(weights: jax.Array, length: int) -> jax.Array:
 def num_params(cfg: PeftConfig, width: int) -> int:
     """Trainable PEFT scalars for token width D over `len(cfg.blocks)` blocks.
 
-    LoRA: 2 (2 r D + 1) per block; Adapter: 2 m D + m + D + 1; Prefix: 2 (L D + 1).
+    LoRA: 2 (2 r D + 1) per block; Adapter: 2 m D + m + D + 1 (no scale with the adaptformer
+    form: 2 m D + m + D); Prefix: 2 (L D + 1).
     """
     per_block = {
         "none": 0,
         "lora": 2 * (2 * cfg.lora_rank * width + 1),
-        "adapter": 2 * cfg.adapter_dim * width + cfg.adapter_dim + width + 1,
+        "adapter": 2 * cfg.adapter_dim * width
+        + cfg.adapter_dim
+        + width
+        + int(cfg.adapter_form == "lae"),
         "prefix": 2 * (cfg.prefix_length * width + 1),
     }[cfg.kind]
     return per_block * len(cfg.blocks)

@@ -107,7 +107,8 @@ def model_config(preset: str = "vit_b16", **overrides: Any) -> ml_collections.Co
     family (vit | dinov2 | clip, `FAMILIES`), dtype (compute dtype: float32 | bfloat16;
     parameters, head and logits stay float32), and
     `peft` {kind (none|lora|adapter|prefix), blocks, lora_rank, adapter_dim,
-    prefix_length}, defaults from the paper's Table 5 (blocks 0-4, cut at the depth).
+    prefix_length, adapter_form (lae | adaptformer: models/peft.py)},
+    defaults from the paper's Table 5 (blocks 0-4, cut at the depth).
     """
     if preset not in PRESETS:
         raise ValueError(f"Unknown model preset {preset!r}; valid: {', '.join(PRESETS)}.")
@@ -229,7 +230,8 @@ class LayerScale(nn.Module):
 
 class Encoder1DBlock(nn.Module):
     """Pre-norm block `x + Attn(LN x) [+ adapter(LN x)]`, then `x + MLP(LN x)`; with the
-    dinov2 family `Attn` and `MLP` are scaled by their layer scales (the adapter is not)."""
+    dinov2 family `Attn` and `MLP` are scaled by their layer scales (the adapter is not). The
+    adaptformer adapter form instead adds `adapter(h)` beside the MLP: `h + MLP(LN h) + a(h)`."""
 
     num_heads: int
     mlp_dim: int
@@ -253,13 +255,21 @@ class Encoder1DBlock(nn.Module):
         )(y, prefix)
         if self.family.layer_scale:
             attn = LayerScale(self.dtype, name="LayerScale_0")(attn)
-        if on("adapter"):
-            attn = attn + peft_lib.Adapter(self.peft.adapter_dim, self.dtype, name="adapter")(y)
+        adapter = (
+            peft_lib.Adapter(self.peft.adapter_dim, self.dtype, self.peft.adapter_form, "adapter")
+            if on("adapter")
+            else None
+        )
+        beside_mlp = self.peft.adapter_form == "adaptformer"
+        if adapter is not None and not beside_mlp:
+            attn = attn + adapter(y)
         x = x + attn
         y = nn.LayerNorm(epsilon=eps, dtype=self.dtype)(x)
         mlp = MlpBlock(self.mlp_dim, self.dtype, self.family.activation)(y)
         if self.family.layer_scale:
             mlp = LayerScale(self.dtype, name="LayerScale_1")(mlp)
+        if adapter is not None and beside_mlp:
+            mlp = mlp + adapter(x)
         return x + mlp
 
 
@@ -387,6 +397,7 @@ def peft_from_config(cfg: ml_collections.ConfigDict) -> peft_lib.PeftConfig:
         lora_rank=int(cfg.lora_rank),
         adapter_dim=int(cfg.adapter_dim),
         prefix_length=int(cfg.prefix_length),
+        adapter_form=str(cfg.get("adapter_form", "lae")),
     )
 
 
