@@ -256,7 +256,9 @@ class Encoder1DBlock(nn.Module):
         if self.family.layer_scale:
             attn = LayerScale(self.dtype, name="LayerScale_0")(attn)
         adapter = (
-            peft_lib.Adapter(self.peft.adapter_dim, self.dtype, self.peft.adapter_form, "adapter")
+            peft_lib.Adapter(
+                self.peft.adapter_dim, self.dtype, self.peft.adapter_form, name="adapter"
+            )
             if on("adapter")
             else None
         )
