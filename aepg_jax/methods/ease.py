@@ -42,6 +42,7 @@ import numpy as np
 from flax import traverse_util
 
 from aepg_jax.data import augment
+from aepg_jax.methods import prototypes
 from aepg_jax.methods.base import (
     Method,
     Network,
@@ -125,9 +126,7 @@ def subspace_logits(
     live = slots <= task + ptm  # (S,)
     hp = jax.lax.Precision.HIGHEST
     if reweight:  # CosineLinear.forward_reweight: per-subspace cosines, weighted
-        cos = jnp.einsum(
-            "sbd,csd->bcs", normalize(features), normalize(prototypes), precision=hp
-        )
+        cos = jnp.einsum("sbd,csd->bcs", normalize(features), normalize(prototypes), precision=hp)
         own = (owner + ptm)[:, None]  # (C, 1)
         other = jnp.where((slots == 0) & (ptm == 1), beta, alpha / jnp.maximum(task, 1))
         w = jnp.where(slots[None, :] == own, 1.0, other[None, :])
@@ -276,46 +275,48 @@ class Ease(Method):
         owner = jnp.asarray(class_tasks(task.head_sizes))
         chex.assert_shape(owner, (num_classes,))
         if self._sums_step is None:  # one compilation per run (the slot is traced)
-            self._sums_step = jax.jit(self._class_sums, static_argnums=(4,))
+            self._sums_step = prototypes.sums_program(self._slot_features, self.cfg)
         new = (owner == t)[:, None]
         for slot in range(t + 1 + self.ptm):
-            sums = jnp.zeros((num_classes, self.width), jnp.float32)
-            counts = jnp.zeros((num_classes,), jnp.float32)
-            for batch in ctx.train_batches():
-                s, n = self._sums_step(
-                    ctx.frozen, adapters, batch, jnp.asarray(slot, jnp.int32), num_classes
-                )
-                sums, counts = sums + s, counts + n
-            means = sums / jnp.maximum(counts, 1.0)[:, None]
-            protos = protos.at[:, slot].set(jnp.where(new, means, protos[:, slot]))
+            sums = prototypes.accumulate(
+                self._sums_step,
+                (ctx.frozen, adapters, jnp.asarray(slot, jnp.int32)),
+                ctx.train_batches(),
+                prototypes.ClassSums.zeros(num_classes, self.width),
+                desc=f"task {t + 1} EASE prototypes, subspace {slot + 1}",
+            )
+            protos = protos.at[:, slot].set(jnp.where(new, sums.means(), protos[:, slot]))
         if self._complete_step is None:
             self._complete_step = jax.jit(complete, static_argnums=(3,))
         protos = self._complete_step(protos, owner, jnp.asarray(t, jnp.int32), self.ptm)
         return {"adapters": adapters, "prototypes": protos}
 
-    def _class_sums(
-        self, frozen: Params, adapters: Params, batch, slot: jax.Array, num_classes: int
-    ) -> tuple[jax.Array, jax.Array]:
-        """`(sum of f_slot(x) per class (C, D), images per class (C,))` over the valid rows."""
-        images = augment.test_transform(
-            batch["image"], self.cfg.model.image_size, self.cfg.input.normalize
-        )
-        feats = self.features(frozen, self.slot_adapter(adapters, slot), images)
-        onehot = jax.nn.one_hot(batch["label"], num_classes) * batch["mask"][:, None]
-        sums = jnp.einsum("bc,bd->cd", onehot, feats, precision=jax.lax.Precision.HIGHEST)
-        return sums, jnp.sum(onehot, axis=0)
+    def _slot_features(self, params: tuple[Params, Params, jax.Array], images: jax.Array):
+        """f_slot(x) (B, D) for `params = (frozen, adapters (T, ...), slot)`, slot traced."""
+        frozen, adapters, slot = params
+        return self.features(frozen, self.slot_adapter(adapters, slot), images)
 
     def host_programs(
         self, trainable: Params, state: Params, frozen: Params, batch, task: int
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The prototype pass (one per subspace seen, at most S per task) and the completion."""
         c = state["prototypes"].shape[0]
-        sums = lambda fr, ad, b, s: self._class_sums(fr, ad, b, s, c)
         slot = jnp.asarray(task, jnp.int32)
+        step = lambda sums, params, b: sums.add(
+            self._slot_features(
+                params,
+                augment.test_transform(
+                    b["image"], self.cfg.model.image_size, self.cfg.input.normalize
+                ),
+            ),
+            b["label"],
+            b["mask"],
+        )
+        sums = prototypes.ClassSums.zeros(c, self.width)
         owner = jnp.asarray(class_tasks(tuple(head_lib.head_sizes(trainable))))
         done = lambda p, o, t: complete(p, o, t, self.ptm)
         return {
-            "prototypes": (sums, (frozen, state["adapters"], batch, slot), self.slots),
+            "prototypes": (step, (sums, (frozen, state["adapters"], slot), batch), self.slots),
             "completion": (done, (state["prototypes"], owner, slot), 1),
         }
 
@@ -337,13 +338,7 @@ class Ease(Method):
         kernel = jnp.concatenate(
             [heads[head_lib.task_name(i)]["kernel"] for i in range(len(task.head_sizes))], 1
         )
-        cos = jnp.einsum(
-            "bd,dc->bc",
-            normalize(feats),
-            normalize(kernel, axis=0),
-            precision=jax.lax.Precision.HIGHEST,
-        )
-        return adapter["sigma"] * cos, None
+        return adapter["sigma"] * prototypes.cosine_logits(feats, kernel.T), None
 
     def predict(
         self,
