@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 PEFT_KINDS = ("none", "lora", "adapter", "prefix")
-ADAPTER_FORMS = ("lae", "adaptformer")  # where the adapter sits and what it computes (above)
+ADAPTER_FORMS = ("attention", "adaptformer")  # where the adapter sits and what it computes (above)
 ADAPTFORMER_SCALE = 0.1  # AdaptFormer's `ffn_adapter_scalar` in APER / RanPAC / EASE's code
 _PREFIX_EPS = 1e-12
 
@@ -49,7 +49,7 @@ class PeftConfig:
     lora_rank: int = 4
     adapter_dim: int = 5
     prefix_length: int = 10
-    adapter_form: str = "lae"
+    adapter_form: str = "attention"
 
     def __post_init__(self):
         if self.kind not in PEFT_KINDS:
@@ -128,11 +128,11 @@ class LoRA(nn.Module):
 
 class Adapter(nn.Module):
     """Parallel bottleneck adapter `s Up(GELU(Down(y)))`, added to the attention output
-    (`form=lae`), or `0.1 Up(ReLU(Down(h)))` added beside the MLP (`form=adaptformer`)."""
+    (`form=attention`), or `0.1 Up(ReLU(Down(h)))` added beside the MLP (`form=adaptformer`)."""
 
     hidden_dim: int
     dtype: Any = jnp.float32  # the output's dtype; parameters stay float32
-    form: str = "lae"
+    form: str = "attention"
 
     # The bottleneck computes in float32 whatever the model's compute dtype (a few hidden
     # units: no cost), so its gradients are summed over the batch and devices in float32.
@@ -210,7 +210,7 @@ def num_params(cfg: PeftConfig, width: int) -> int:
         "adapter": 2 * cfg.adapter_dim * width
         + cfg.adapter_dim
         + width
-        + int(cfg.adapter_form == "lae"),
+        + int(cfg.adapter_form == "attention"),
         "prefix": 2 * (cfg.prefix_length * width + 1),
     }[cfg.kind]
     return per_block * len(cfg.blocks)

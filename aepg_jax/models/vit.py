@@ -107,7 +107,7 @@ def model_config(preset: str = "vit_b16", **overrides: Any) -> ml_collections.Co
     family (vit | dinov2 | clip, `FAMILIES`), dtype (compute dtype: float32 | bfloat16;
     parameters, head and logits stay float32), and
     `peft` {kind (none|lora|adapter|prefix), blocks, lora_rank, adapter_dim,
-    prefix_length, adapter_form (lae | adaptformer: models/peft.py)},
+    prefix_length, adapter_form (attention | adaptformer: models/peft.py)},
     defaults from the paper's Table 5 (blocks 0-4, cut at the depth).
     """
     if preset not in PRESETS:
@@ -399,7 +399,7 @@ def peft_from_config(cfg: ml_collections.ConfigDict) -> peft_lib.PeftConfig:
         lora_rank=int(cfg.lora_rank),
         adapter_dim=int(cfg.adapter_dim),
         prefix_length=int(cfg.prefix_length),
-        adapter_form=str(cfg.get("adapter_form", "lae")),
+        adapter_form=str(cfg.get("adapter_form", "attention")),
     )
 
 
