@@ -44,6 +44,10 @@ def _solve_sim_reset(w, cur, init_cls, inc, total, ptm, d):
     return w
 
 
+_complete = jax.jit(ease.complete, static_argnums=(3,))  # one compilation per ptm
+_scores = jax.jit(ease.subspace_logits, static_argnums=(4, 5, 6, 7))
+
+
 @pytest.mark.parametrize("ptm", [0, 1])
 def test_completion_equals_the_official_loops(ptm):
     rng = np.random.default_rng(ptm)
@@ -59,7 +63,7 @@ def test_completion_equals_the_official_loops(ptm):
                 ..., None
             ]
         )
-        ours = np.asarray(ease.complete(jnp.asarray(protos), jnp.asarray(owner), cur, ptm))
+        ours = np.asarray(_complete(jnp.asarray(protos), jnp.asarray(owner), cur, ptm))
         total = (cur + 1) * per
         w = protos[:total, : cur + 1 + ptm].reshape(total, -1)
         theirs = _solve_sim_reset(w, cur, per, per, total, ptm, d)
@@ -104,11 +108,11 @@ def test_subspace_scores_equal_the_official_classifier(ptm):
         x = feats[:live].transpose(1, 0, 2).reshape(batch, -1)
         w = protos[:total, :live].reshape(total, -1)
         args = (jnp.asarray(feats), jnp.asarray(protos), jnp.asarray(owner), cur, ptm, 0.3, 0.7)
-        ours = np.asarray(ease.subspace_logits(*args, True))[:, :total]
+        ours = np.asarray(_scores(*args, True))[:, :total]
         theirs = _forward_reweight(x, w, cur, 0.3, 0.7, per, per, d, ptm)
         np.testing.assert_allclose(ours, theirs, atol=1e-5)
         # Without reweighting: the cosine of the concatenations (CosineLinear.forward).
-        ours = np.asarray(ease.subspace_logits(*args, False))[:, :total]
+        ours = np.asarray(_scores(*args, False))[:, :total]
         unit = lambda v: v / np.linalg.norm(v, axis=1, keepdims=True)
         np.testing.assert_allclose(ours, unit(x) @ unit(w).T, atol=1e-5)
 
@@ -121,26 +125,28 @@ def test_the_adaptformer_adapter_sits_beside_the_mlp():
     )
     block = vit.Encoder1DBlock(num_heads=2, mlp_dim=16, block_index=0, peft=peft)
     x = jax.random.normal(jax.random.key(0), (2, 5, 8))
-    params = block.init(jax.random.key(1), x)["params"]
+    params = jax.jit(block.init)(jax.random.key(1), x)["params"]
     assert "scale" not in params["adapter"]  # a fixed 0.1, not learned
+    plain = vit.Encoder1DBlock(2, 16, 0, peft_lib.PeftConfig(kind="none"))
+
+    @jax.jit  # one compilation for the whole comparison
+    def outputs(params):
+        without = {k: v for k, v in params.items() if k != "adapter"}
+        mlp_zero = jax.tree.map(jnp.zeros_like, params["MlpBlock_0"])
+        h = plain.apply({"params": {**without, "MlpBlock_0": mlp_zero}}, x)  # no MLP branch
+        return block.apply({"params": params}, x), plain.apply({"params": without}, x), h
+
+    out, without, _ = outputs(params)
+    np.testing.assert_array_equal(out, without)  # Up starts at zero: the identity
     a = params["adapter"]
-    np.testing.assert_array_equal(block.apply({"params": params}, x), _plain(params, x))
-    a["up"] = {  # Up starts at zero (the identity); give it values
+    a["up"] = {
         "kernel": jax.random.normal(jax.random.key(2), a["up"]["kernel"].shape),
         "bias": jnp.full(a["up"]["bias"].shape, 0.5),
     }
-    out = block.apply({"params": params}, x)
-    mlp_zero = jax.tree.map(jnp.zeros_like, params["MlpBlock_0"])
-    h = _plain({**params, "MlpBlock_0": mlp_zero}, x)  # the block without its MLP branch
+    out, without, h = outputs(params)
     down = jax.nn.relu(h @ a["down"]["kernel"] + a["down"]["bias"])
     ref = 0.1 * (down @ a["up"]["kernel"] + a["up"]["bias"])
-    np.testing.assert_allclose(out - _plain(params, x), ref, atol=1e-5)
-
-
-def _plain(params, x):
-    """The same block without an adapter."""
-    block = vit.Encoder1DBlock(2, 16, 0, peft_lib.PeftConfig(kind="none"))
-    return block.apply({"params": {k: v for k, v in params.items() if k != "adapter"}}, x)
+    np.testing.assert_allclose(out - without, ref, atol=1e-5)
 
 
 def test_checks_name_the_field_in_one_line():
