@@ -109,6 +109,24 @@ def complete(prototypes: jax.Array, owner: jax.Array, task: jax.Array, ptm: int)
     return jnp.where(target[..., None], completed, prototypes)
 
 
+def store_adapter(adapters: Params, adapter: Params, task: jax.Array) -> Params:
+    """`adapters` (T, depth, ...) with slot `task` set to `adapter` (depth, ...); traced."""
+    return jax.tree.map(
+        lambda s, a: jax.lax.dynamic_update_index_in_dim(s, a.astype(s.dtype), task, 0),
+        adapters,
+        adapter,
+    )
+
+
+def put_means(
+    protos: jax.Array, sums: prototypes.ClassSums, new: jax.Array, slot: jax.Array
+) -> jax.Array:
+    """`protos` (C, S, D) with the classes `new` (C,) set to their means in subspace `slot`."""
+    column = jax.lax.dynamic_index_in_dim(protos, slot, 1, keepdims=False)
+    column = jnp.where(new[:, None], sums.means(), column)
+    return jax.lax.dynamic_update_index_in_dim(protos, column, slot, 1)
+
+
 def subspace_logits(
     features: jax.Array,
     prototypes: jax.Array,
@@ -171,6 +189,8 @@ class Ease(Method):
         self.eval_forwards = self.slots
         self.task_data_passes = (self.num_tasks + 1) / 2 + self.ptm
         self._sums_step: Callable | None = None
+        self._store: Callable | None = None
+        self._put: Callable | None = None
         self._complete_step: Callable | None = None
         if cfg.model.peft.kind != "none":
             logging.info(
@@ -269,26 +289,28 @@ class Ease(Method):
         old classes completed in the subspaces after their own."""
         t = int(task.index)
         adapter = {k: v for k, v in trainable[KEY]["adapter"].items() if k != "sigma"}
-        adapters = jax.tree.map(lambda s, a: s.at[t].set(a), state["adapters"], adapter)
-        protos = state["prototypes"]
-        num_classes = protos.shape[0]
+        num_classes = state["prototypes"].shape[0]
         owner = jnp.asarray(class_tasks(task.head_sizes))
         chex.assert_shape(owner, (num_classes,))
-        if self._sums_step is None:  # one compilation per run (the slot is traced)
+        if self._sums_step is None:  # one compilation each per run (task and slot traced)
             self._sums_step = prototypes.sums_program(self._slot_features, self.cfg)
-        new = (owner == t)[:, None]
+            self._store = jax.jit(store_adapter)
+            self._put = jax.jit(put_means)
+            self._complete_step = jax.jit(complete, static_argnums=(3,))
+        t_arr = jnp.asarray(t, jnp.int32)
+        adapters = self._store(state["adapters"], adapter, t_arr)
+        protos = state["prototypes"]
         for slot in range(t + 1 + self.ptm):
+            slot_arr = jnp.asarray(slot, jnp.int32)
             sums = prototypes.accumulate(
                 self._sums_step,
-                (ctx.frozen, adapters, jnp.asarray(slot, jnp.int32)),
+                (ctx.frozen, adapters, slot_arr),
                 ctx.train_batches(),
                 prototypes.ClassSums.zeros(num_classes, self.width),
                 desc=f"task {t + 1} EASE prototypes, subspace {slot + 1}",
             )
-            protos = protos.at[:, slot].set(jnp.where(new, sums.means(), protos[:, slot]))
-        if self._complete_step is None:
-            self._complete_step = jax.jit(complete, static_argnums=(3,))
-        protos = self._complete_step(protos, owner, jnp.asarray(t, jnp.int32), self.ptm)
+            protos = self._put(protos, sums, owner == t_arr, slot_arr)
+        protos = self._complete_step(protos, owner, t_arr, self.ptm)
         return {"adapters": adapters, "prototypes": protos}
 
     def _slot_features(self, params: tuple[Params, Params, jax.Array], images: jax.Array):
