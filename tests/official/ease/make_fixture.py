@@ -23,10 +23,12 @@ predictions after every task, the accuracy matrix. Images, labels and orders at 
 Regenerate (needs the official code: `git clone https://github.com/sun-hailong/CVPR24-Ease`):
     python3 -m venv /work/venv_ease
     /work/venv_ease/bin/pip install torch==2.13.0 numpy safetensors easydict scipy tqdm pillow
-    /work/venv_ease/bin/pip install --no-deps timm==0.6.12
+    /work/venv_ease/bin/pip install --no-deps timm==0.6.13  # 0.6.12 fails to import on 3.11
     /work/venv_ease/bin/python tests/official/ease/make_fixture.py --official=PATH/TO/CVPR24-Ease
-Generated with torch 2.13.0+cpu, timm 0.6.12 (torchvision stubbed: benchmarks/_timm_import.py),
-numpy 2.x, on CPU.
+Generated with torch 2.13.0+cpu, timm 0.6.13 (the README names 0.6.12, whose maxxvit module
+does not import on Python 3.11; the code uses only its ViT pieces; torchvision stubbed:
+benchmarks/_timm_import.py), Python 3.11,
+numpy 2.4.6, on CPU.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ def main() -> None:
         from functools import partial
 
         tuning_config.d_model = WIDTH  # get_backbone writes ViT-B's 768
+
         class Tiny(vit_ease.VisionTransformer):
             # get_backbone then sets out_dim = 768 (ViT-B's): this one keeps the tiny width.
             out_dim = property(lambda self: WIDTH, lambda self, value: None)
