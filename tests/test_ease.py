@@ -120,9 +120,7 @@ def test_subspace_scores_equal_the_official_classifier(ptm):
 def test_the_adaptformer_adapter_sits_beside_the_mlp():
     """`h + MLP(LN h) + 0.1 Up(ReLU(Down h))`, h = x + Attn(LN x): the block with the adapter
     minus the block without it is exactly the adapter of h."""
-    peft = peft_lib.PeftConfig(
-        kind="adapter", blocks=(0,), adapter_dim=3, adapter_form="adaptformer"
-    )
+    peft = peft_lib.PeftConfig(kind="adapter", blocks=(0,), adapter_dim=3, adapter_style="ffn")
     block = vit.Encoder1DBlock(num_heads=2, mlp_dim=16, block_index=0, peft=peft)
     x = jax.random.normal(jax.random.key(0), (2, 5, 8))
     params = jax.jit(block.init)(jax.random.key(1), x)["params"]

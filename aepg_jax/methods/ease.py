@@ -1,8 +1,8 @@
 """EASE (docs/algorithm.md §ease): one adapter per task, prototypes in every task's subspace.
 
 Expandable Subspace Ensemble (Zhou et al., CVPR 2024), as its code (sun-hailong/CVPR24-Ease)
-computes it. Every task t trains a fresh AdaptFormer adapter a_t (`peft.Adapter`, form
-`adaptformer`, width `method.ease_ffn_num`, in every block) with a cosine head over the task's
+computes it. Every task t trains a fresh AdaptFormer adapter a_t (`peft.Adapter`, style
+`ffn`, width `method.ease_ffn_num`, in every block) with a cosine head over the task's
 classes, `logits = sigma cos(f_t(x), w_c)`, sigma a scalar trained with it (1 at the start of
 each task), under the configured loss on the task's own classes; earlier adapters are frozen.
 f_s(x) is the backbone's normed class token with adapter s (f_ptm: no adapter).
@@ -66,7 +66,8 @@ def _backbone_cfg(model_cfg: ml_collections.ConfigDict, width: int) -> ml_collec
     cfg.peft.kind = "adapter"
     cfg.peft.blocks = tuple(range(int(model_cfg.depth)))
     cfg.peft.adapter_dim = width
-    cfg.peft.adapter_form = "adaptformer"
+    cfg.peft.adapter_style = "ffn"  # AdaptFormer's: beside the MLP, ReLU, fixed scale
+    cfg.peft.adapter_scale = 0.1  # the official `ffn_adapter_scalar`
     return cfg
 
 
