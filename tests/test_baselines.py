@@ -218,3 +218,33 @@ def test_aper_published_rows_hold_an_average_at_least_the_final_accuracy():
         for average, final in zip(values[::2], values[1::2], strict=True):
             assert (final is None) == (average is None)
             assert final is None or average.mean >= final.mean, row.label
+
+
+# ---------------------------------------------------------------------------------- EASE
+def test_ease_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
+    """`ease`: every run lists with its command, builds and validates with the official configs'
+    settings in place (the IN-21K weights, epochs, batch, adapter width, alpha), CE and aEPG
+    runs of one grid, and every table cell selects runs; the CE row holds EASE's cells."""
+    e = registry.get("ease")
+    runs = e.runs()
+    assert sweep.main(["--experiment=ease", f"--workdir={tmp_path}", "--list"]) == 0
+    commands = [c for c in capsys.readouterr().out.splitlines() if " -m aepg_jax.main " in c]
+    assert len(commands) == len(runs) == 6 * 2 * 5
+    losses = set()
+    for run in runs:
+        unit = layout.Unit((run,))
+        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
+        validate(cfg)
+        for field, value in run.overrides:
+            got = get(cfg, field)
+            assert (got if isinstance(got, str) else float(got)) == _typed(value), (run, field)
+        assert cfg.method.name == "ease" and cfg.optim.peft_freeze_epochs == 0
+        assert cfg.model.weights == baselines.EASE_IN21K
+        losses.add(cfg.loss.name)
+    assert losses == {"ce", "aepg"}
+    (table,) = e.tables
+    for row, col in itertools.product(table.rows, table.columns):
+        assert e.select({**row.where, **col.where}), (row.label, col.label)
+    ce, aepg = table.rows
+    assert len(ce.paper) == len(table.columns) and not aepg.paper
+    assert [table.published(ce, c).mean for c in table.columns[:2]] == [91.51, 85.80]

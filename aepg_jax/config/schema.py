@@ -91,8 +91,9 @@ Fields (defaults in brackets):
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
   method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora |
-                               simplecil | aper (methods/, one module each; simplecil and aper
-                               have no method.* fields: APER adapts model.peft on task 0)
+                               simplecil | aper | ease (methods/, one module each; simplecil
+                               and aper have no method.* fields: APER adapts model.peft on
+                               task 0)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
                                decay); LwF lwf_temperature [1.0], lwf_weight [1.0];
@@ -116,7 +117,13 @@ Fields (defaults in brackets):
                                inflora_lamb [0.99] / inflora_lame [1.0] (memory threshold
                                (lame - lamb) t / T + lamb after task t), inflora_memory
                                [dualgpm] (dualgpm: 'remove' / 'retain' bases; gpm: 'remove'
-                               only, as InfLoRA-b5's code); InfLoRA ignores model.peft too
+                               only, as InfLoRA-b5's code); InfLoRA ignores model.peft too;
+                               EASE ease_ffn_num [64] (per-task AdaptFormer adapter width),
+                               ease_alpha [0.1] (other tasks' subspaces' weight, / t),
+                               ease_beta [0.0] (the pretrained subspace's weight),
+                               ease_use_init_ptm [False] (add the pretrained subspace),
+                               ease_reweight [True] (False: one cosine over the concatenated
+                               subspaces); EASE ignores model.peft (docs/methods.md, EASE)
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has
