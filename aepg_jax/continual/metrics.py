@@ -42,6 +42,9 @@ from typing import Any
 
 import numpy as np
 
+# The calibration figures kept per predictor and task (`calibration.py`).
+CALIBRATION = ("ece", "nll", "entropy")
+
 
 def _finite_or_none(x: float, scale: float = 1.0) -> float | None:
     """`x * scale` as a Python float, or None for NaN / inf."""
@@ -61,7 +64,9 @@ class AccuracyTracker:
     `task_correct[p]` the same for the task-incremental evaluation (argmax over the evaluated
     task's own classes; same samples, so same `total`), NaN / 0 where not recorded. `entropy`
     (T,) float64: the mean predictive entropy after task j over all seen test samples (softmax
-    over all seen classes), NaN where not recorded.
+    over all seen classes), NaN where not recorded. `calibration[p][k]` (T,) float64 for k in
+    `CALIBRATION`: the calibration of `p`'s predictions after task j over all seen test samples
+    (`calibration.py`; ECE a fraction, NLL and entropy in nats), NaN where not recorded.
     """
 
     def __init__(self, num_tasks: int, predictors: Sequence[str]):
@@ -79,6 +84,9 @@ class AccuracyTracker:
         self.task_accuracy = {p: np.full(shape, np.nan) for p in predictors}
         self.task_correct = {p: np.zeros(shape, np.int64) for p in predictors}
         self.entropy = np.full((num_tasks,), np.nan)
+        self.calibration = {
+            p: {k: np.full((num_tasks,), np.nan) for k in CALIBRATION} for p in predictors
+        }
 
     def matrix(self, predictor: str) -> np.ndarray:
         """The (T, T) accuracy matrix of `predictor` (fractions, NaN where not evaluated)."""
@@ -131,6 +139,12 @@ class AccuracyTracker:
         self._check_after_task(after_task)
         self.entropy[after_task] = float(value)
 
+    def record_calibration(self, after_task: int, predictor: str, values: Mapping[str, float]):
+        """Stores `predictor`'s calibration `{"ece", "nll", "entropy"}` after `after_task`."""
+        self._check_after_task(after_task)
+        for k in CALIBRATION:
+            self.calibration[predictor][k][after_task] = float(values[k])
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable state; NaN and unevaluated counts become None."""
 
@@ -152,6 +166,10 @@ class AccuracyTracker:
                 for p in self.predictors
             },
             "entropy": [_finite_or_none(v) for v in self.entropy],
+            "calibration": {
+                p: {k: [_finite_or_none(v) for v in c[k]] for k in CALIBRATION}
+                for p, c in self.calibration.items()
+            },
         }
 
     @classmethod
@@ -170,6 +188,9 @@ class AccuracyTracker:
         tracker.entropy = np.array(
             [np.nan if v is None else v for v in d["entropy"]], dtype=np.float64
         )
+        for p, c in (d.get("calibration") or {}).items():
+            for k in CALIBRATION:
+                tracker.calibration[p][k] = as_float_array(c[k])
         return tracker
 
 
@@ -286,7 +307,9 @@ def summary(tracker: AccuracyTracker, predictor: str) -> dict[str, Any]:
     `old_new_accuracy` (length T, `[old_t, new_t]` per task, None where undefined),
     `task_incremental_matrix`, `task_incremental_A_t`, `task_incremental_A_T` and
     `task_incremental_avg_inc_acc` (the same on `a_TI`, None where not recorded),
-    `tasks_evaluated`.
+    `tasks_evaluated`; `ece` (%), `nll`, `test_entropy` (nats) after each task (length T,
+    None where not recorded) and their values after task n-1, `ece_T`, `nll_T`,
+    `test_entropy_T`.
     """
     a = tracker.accuracy[predictor]
     n = num_evaluated(a)
@@ -318,7 +341,22 @@ def summary(tracker: AccuracyTracker, predictor: str) -> dict[str, Any]:
         "task_incremental_A_t": [_finite_or_none(v, 100.0) for v in a_ti_t],
         "task_incremental_A_T": pct(lambda: a_ti_t[n - 1]),
         "task_incremental_avg_inc_acc": pct(lambda: np.mean(a_ti_t[:n])),
+        **_calibration_summary(tracker.calibration[predictor], n),
     }
+
+
+def _calibration_summary(cal: Mapping[str, np.ndarray], n: int) -> dict[str, Any]:
+    """The summary's calibration keys: per task and after task n-1 (ECE in percent)."""
+    out: dict[str, Any] = {}
+    for key, name, scale in (
+        ("ece", "ece", 100.0),
+        ("nll", "nll", 1.0),
+        ("entropy", "test_entropy", 1.0),
+    ):
+        values = cal[key]
+        out[name] = [_finite_or_none(v, scale) for v in values]
+        out[f"{name}_T"] = _finite_or_none(values[n - 1], scale) if n else None
+    return out
 
 
 def as_float_array(x: Any) -> np.ndarray:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import tqdm
 
-from aepg_jax.continual import metrics, plots, setup
+from aepg_jax.continual import metrics, plots, predictions, setup
 from aepg_jax.continual.setup import Run
 from aepg_jax.runs import checkpointing, records
 from aepg_jax.runs.records import to_jsonable
@@ -289,11 +289,15 @@ class Bookkeeping:
             writer.rewind(cut)
 
     def record_eval(self, task: int, step: int, results: list[dict]) -> None:
-        """Writes each seed's eval record and prints A_t (mean +- std over seeds)."""
+        """Writes each seed's kept predictions and eval record; prints A_t (mean +- std over
+        seeds)."""
         predictors = self.run.method.predictors
         primary = predictors[0]
         a_t = []
-        for result, tracker, writer in zip(results, self.trackers, self.writers, strict=True):
+        records_of = zip(results, self.trackers, self.writers, self.seed_dirs, strict=True)
+        for result, tracker, writer, directory in records_of:
+            if self.run.is_main:
+                predictions.write(directory, task, result["kept"], self._kept_meta())
             a = tracker.matrix(primary)
             a_t.append(100.0 * metrics.incremental_accuracy(a, task))
             writer.write(
@@ -310,6 +314,10 @@ class Bookkeeping:
                         tracker.correct[primary], tracker.total[primary], task
                     ),
                     "entropy": result["entropy"],
+                    "calibration": {
+                        p: {k: tracker.calibration[p][k][task] for k in metrics.CALIBRATION}
+                        for p in predictors
+                    },
                     # Mean forgetting of tasks < task (NaN -> null after the first task).
                     "forgetting": 100.0 * metrics.mean_forgetting(a[: task + 1, : task + 1]),
                     **self._more(result, tracker, task),
@@ -325,6 +333,18 @@ class Bookkeeping:
         else:
             summary = f"{a_t[0]:.2f}% ({primary})"
         tqdm.tqdm.write(f"after task {task + 1}: A_t = {summary}")
+
+    def _kept_meta(self) -> dict:
+        """The kept predictions' metadata (`predictions.py`)."""
+        tasks = self.run.data.tasks
+        return {
+            "format": predictions.FORMAT,
+            "predictors": list(self.run.method.predictors),
+            "task_offsets": [t.offset for t in tasks.tasks],
+            "task_sizes": [t.num_classes for t in tasks.tasks],
+            "num_classes": sum(self.run.head_sizes),
+            "scenario": tasks.scenario,
+        }
 
     def _more(self, result: dict, tracker: metrics.AccuracyTracker, task: int) -> dict:
         """The eval record's task-incremental, transfer and old / new figures (%; NaN becomes
@@ -391,9 +411,12 @@ def report(
         )
         for i, (tracker, seed) in enumerate(zip(book.trackers, run.axis.seeds, strict=True))
     ]
-    if compilations is not None:
-        for res in per_seed:
+    for res, directory in zip(per_seed, book.seed_dirs, strict=True):
+        if compilations is not None:
             res["compilations"] = compilations
+        kept_file = os.path.join(directory, predictions.FILE)
+        if run.is_main and os.path.exists(kept_file):
+            res["predictions"] = {"file": predictions.FILE, "sha256": predictions.sha256(kept_file)}
     if run.is_main:
         for i, directory in enumerate(book.seed_dirs):
             kept = write(directory, per_seed[i])
