@@ -72,7 +72,8 @@ def test_runs_end_to_end(tmp_path, method, loss, peft):
     assert matrix[0, 0] > 100 / 4 + 5  # above chance on task 0's 4 classes after 8 steps
     expected = ["ensemble", "online", "offline"] if method == "lae" else ["model"]
     assert saved["predictors"] == expected
-    for png in ("accuracy_matrix.png", "training_curves.png", "incremental_accuracy.png"):
+    pngs = ("accuracy_matrix.png", "training_curves.png", "incremental_accuracy.png")
+    for png in (*pngs, "reliability.png"):
         assert (workdir / png).read_bytes()[:4] == b"\x89PNG"
     # Every evaluation's predictions are kept: the metrics recomputed from them alone equal
     # results.json's; calibration is recorded per predictor after each task.

@@ -215,6 +215,8 @@ def final_table(results: Mapping[str, Any]) -> str:
         ("TI avg_inc (%)", "task_incremental_avg_inc_acc"),
         ("bwt (%)", "bwt"),
         ("fgt stepwise (%)", "forgetting_stepwise"),
+        ("ECE_T (%)", "ece_T"),
+        ("NLL_T (nats)", "nll_T"),
     ]
     lines += [f"{name:<18}{_fmt(results.get(key), 8)}" for name, key in more if key in results]
     n = results.get("tasks_evaluated")
@@ -240,6 +242,14 @@ def final_table(results: Mapping[str, Any]) -> str:
                     f"{name:<18}{_fmt(m.get('task_incremental_A_T'), 8)}"
                     f"{_fmt(m.get('task_incremental_avg_inc_acc'), 9)}"
                     f"{_fmt(m.get('bwt'), 8)}{_fmt(m.get('forgetting_stepwise'), 9)}"
+                )
+        if any("ece_T" in m for m in methods.values()):
+            lines.append("")
+            lines.append(f"{'predictor':<18}{'ECE_T':>8}{'NLL_T':>9}{'H_T':>8}")
+            for name, m in methods.items():
+                lines.append(
+                    f"{name:<18}{_fmt(m.get('ece_T'), 8)}{_fmt(m.get('nll_T'), 9, 3)}"
+                    f"{_fmt(m.get('test_entropy_T'), 8, 3)}"
                 )
     return "\n".join(lines)
 
