@@ -1,7 +1,7 @@
 """An experiment's tables from a sweep's results, beside the paper's numbers.
 
     python -m aepg_jax.tables DIR [--experiment=NAME] [--format=markdown|latex|csv] [--out=FILE]
-        [--where=key=value,...] [--no_overrides | --config.<field>=<value> ...]
+        [--html=FILE] [--where=key=value,...] [--no_overrides | --config.<field>=<value> ...]
 
 For every cell of the experiment's tables (the paper's, or the demo's): our mean ± sample
 std over the finished runs (seeds) with their number n, the published mean ± as printed, and
@@ -12,7 +12,12 @@ of the `--config.*` overrides the last sweep of DIR recorded (their run folders
 `<run>+<field>=<value>`), unless `--config.*` flags are given here (or `--no_overrides`, the
 experiment's own configs); a DIR whose sweeps ran several override sets names them in a
 `note:` line. `--where` shows only the runs it selects, as the sweep's. Figure experiments also
-get their plots, written to `DIR/plots/`. A run whose results file cannot be
+get their plots, written to `DIR/plots/`. `--html=FILE` also writes the sweep's report, one
+self-contained page that opens offline (`report.py`): these tables with the paper's numbers
+beside ours as charts, the A_t curves of cells that differ only in their loss on one chart
+(mean ± std over seeds), and per run its accuracy-matrix heatmap, loss / alpha / entropy
+curves, reliability diagram with ECE / NLL, and its config differences from its cell's other
+runs. A run whose results file cannot be
 read (truncated, say), that is missing from a run folder whose metrics.jsonl holds the last
 task's evaluation, or that holds a non-finite metric is named in one `warning:` line and counted
 as failed in its cell; a run whose results were made with another config than the experiment's
@@ -395,6 +400,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--out", help="write the tables to this file (default: stdout)")
     parser.add_argument("--no_plots", action="store_true", help="skip the figure plots")
     parser.add_argument(
+        "--html", help="also write the sweep's report to this file: one self-contained HTML page"
+    )
+    parser.add_argument(
         "--where", help="only the runs whose arguments match, as the sweep's, e.g. method=plain"
     )
     parser.add_argument(
@@ -467,6 +475,16 @@ def main(argv: Sequence[str]) -> int:
         print(f"wrote {args.out}")
     else:
         print(text, end="")
+    if args.html:
+        from aepg_jax.tables import report
+
+        try:
+            size = report.write(args.dir, experiment, args.html, view, warnings)
+        except OSError as err:
+            cli.fail(
+                f"--html={args.html} cannot be written ({err.strerror}); name a writable file."
+            )
+        print(f"wrote {args.html} ({size / 1e3:.0f} kB)", file=sys.stderr)
     for problem in sorted(warnings):
         print(f"warning: {problem}.", file=sys.stderr)
     if not args.no_plots:
