@@ -162,10 +162,16 @@ class Collector(html.parser.HTMLParser):
         )
 
 
-def test_the_report_of_a_fake_sweep(tmp_path):
-    results = write_sweep(tmp_path)
+@pytest.fixture(scope="module")
+def fake_sweep(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
+    root = tmp_path_factory.mktemp("sweep")
+    return root, write_sweep(root)
+
+
+def test_the_report_of_a_fake_sweep(fake_sweep):
+    root, results = fake_sweep
     warnings: set[str] = set()
-    text = report.page(str(tmp_path), EXPERIMENT, tables.View(), warnings)
+    text = report.page(str(root), EXPERIMENT, tables.View(), warnings)
     page = Collector()
     page.feed(text)
     # the table: ours beside the paper's, Δ flagged where |Δ| > max(1, 2 x paper ±)
@@ -200,12 +206,11 @@ def test_the_report_of_a_fake_sweep(tmp_path):
     assert 20_000 < len(text.encode()) < 300_000, len(text.encode())
 
 
-def test_the_tables_cli_writes_the_page(tmp_path, capsys):
-    write_sweep(tmp_path / "sweep")
+def test_the_tables_cli_writes_the_page(fake_sweep, tmp_path, capsys):
     fake = tmp_path / "fake.py"
     fake.write_text("from test_report import EXPERIMENT\n")
     out = tmp_path / "report.html"
-    argv = [str(tmp_path / "sweep"), f"--experiment={fake}", f"--html={out}", "--no_plots"]
+    argv = [str(fake_sweep[0]), f"--experiment={fake}", f"--html={out}", "--no_plots"]
     assert tables.main(argv) == 1  # one run has no results yet: a warning
     err = capsys.readouterr().err
     assert f"wrote {out}" in err and "warning:" in err

@@ -235,7 +235,7 @@ def heatmap(
     rows, cols = a.shape
     cell = max(16, min(44, 300 // max(rows, cols, 1)))
     left, top = 40, 24
-    width, height = left + cols * cell + 10, top + rows * cell + 30
+    width, height = max(left + cols * cell + 10, 200), top + rows * cell + 52
     out = _open(width, height, title, "heatmap")
     size = FONT if cell >= 30 else 8
     for i in range(rows):
@@ -272,6 +272,14 @@ def heatmap(
         f'<text transform="translate(11 {top + rows * cell / 2:.0f}) rotate(-90)" '
         f'text-anchor="middle">{esc(ylabel)}</text>'
     )
+    # the colour scale: 20 steps from vmin to vmax
+    y = top + rows * cell + 34
+    out.append(f'<text x="{left - 4}" y="{y + 8}" text-anchor="end">{vmin:g}</text>')
+    for k in range(20):
+        out.append(
+            f'<rect x="{left + 6 * k}" y="{y}" width="6" height="9" fill="{viridis(k / 19)}"/>'
+        )
+    out.append(f'<text x="{left + 124}" y="{y + 8}">{vmax:g} %</text>')
     out.append("</svg>")
     return "\n".join(out)
 
