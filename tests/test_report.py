@@ -147,7 +147,7 @@ class Collector(html.parser.HTMLParser):
 
     def handle_endtag(self, tag):
         if tag == "td" and self._td is not None:
-            self.cells.append("".join(self._td).strip())
+            self.cells.append("".join(self._td).replace("\u00a0", " ").strip())
             self._td = None
 
     def handle_data(self, data):

@@ -104,6 +104,11 @@ def _cell_classes(c: tables.Cell) -> str:
     return ' class="flag"' if c.flagged else ""
 
 
+def _joined(text: str) -> str:
+    """`mean ± std` kept on one line (non-breaking spaces) where a narrow cell wraps."""
+    return text.replace(" ± ", "\u00a0±\u00a0")
+
+
 def table_html(table: Table, cells: list[list[tables.Cell]]) -> str:
     """`table` as an HTML table: per column ours, paper, Δ (`tables.ours_text` and friends)."""
     e = svg.esc
@@ -116,7 +121,8 @@ def table_html(table: Table, cells: list[list[tables.Cell]]) -> str:
     for row, row_cells in zip(table.rows, cells, strict=True):
         parts = [f"<td>{e(row.label)}</td>"]
         for c in row_cells:
-            parts.append(f"<td>{e(tables.ours_text(c))}</td><td>{e(tables.paper_text(c))}</td>")
+            ours, paper = _joined(tables.ours_text(c)), _joined(tables.paper_text(c))
+            parts.append(f"<td>{e(ours)}</td><td>{e(paper)}</td>")
             parts.append(f"<td{_cell_classes(c)}>{e(tables.diff_text(c))}</td>")
         lines.append(f"<tr>{''.join(parts)}</tr>")
     lines.append("</tbody></table></div>")
@@ -415,7 +421,7 @@ def page(root: str, experiment: Experiment, view: tables.View | None = None, war
     warnings = set() if warnings is None else warnings
     e = svg.esc
     infos = run_infos(root, experiment, view)
-    by_name = {i.name.removesuffix(tables._suffix(i.run, view.overrides)): i for i in infos}
+    by_name = {i.run.name: i for i in infos}
     done = sum(1 for i in infos if i.results is not None and i.counted)
     body = [
         f"<h1>{e(experiment.title)}</h1>",
