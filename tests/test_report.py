@@ -28,7 +28,7 @@ import pytest
 from aepg_jax.continual import metrics, predictions
 from aepg_jax.evaluate import evaluate
 from aepg_jax.experiments import Column, Experiment, Grid, Row, Table
-from aepg_jax.tables import report, tables
+from aepg_jax.tables import tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TASKS, CLASSES_PER_TASK, PER_TASK = 5, 2, 12
@@ -171,7 +171,7 @@ def fake_sweep(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
 def test_the_report_of_a_fake_sweep(fake_sweep):
     root, results = fake_sweep
     warnings: set[str] = set()
-    text = report.page(str(root), EXPERIMENT, tables.View(), warnings)
+    text = tables.report_page(str(root), EXPERIMENT, tables.View(), warnings)
     page = Collector()
     page.feed(text)
     # the table: ours beside the paper's, Δ flagged where |Δ| > max(1, 2 x paper ±)

@@ -1,7 +1,8 @@
 """A sweep's report as one self-contained HTML page (`python -m aepg_jax.tables DIR --html=FILE`).
 
 The page opens offline: inline CSS, charts as inline SVG (`svg.py`), no script, nothing fetched.
-It holds, for the runs the tables show (`tables.View`):
+This module draws; `tables.report_page` gathers what it draws (the tables' cells, the runs'
+folders and results) for the runs the tables show (`tables.View`). The page holds:
 
     * every table of the experiment as `tables.py` computes it: ours (mean ± sample std over
       the finished seeds, `k/n done`), the paper's number, Δ = ours - paper and the (!) mark,
@@ -28,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from aepg_jax.continual import calibration, predictions
-from aepg_jax.experiments import Experiment, Run, Table, layout
+from aepg_jax.experiments import Experiment, Run, Table
 from aepg_jax.runs import identity, records
-from aepg_jax.tables import svg, tables
+from aepg_jax.tables import svg
 
 MAX_POINTS = 400  # a curve longer than this is averaged over consecutive chunks
 LOSS_KEY = "loss"
@@ -73,35 +74,33 @@ class RunInfo:
     status: str
 
 
-def run_infos(root: str, experiment: Experiment, view: tables.View) -> list[RunInfo]:
-    """Every run of `experiment` that `view` selects, once, in the experiment's order."""
-    out, seen = [], set()
-    for run in experiment.runs():
-        if run.name in seen or not view.selects(run):
-            continue
-        seen.add(run.name)
-        suffix = tables._suffix(run, view.overrides)
-        paths = [p for p in layout.result_paths(root, run, suffix) if p.exists()]
-        results = layout.run_results(root, run, suffix)
-        folder = next((p.parent for p in paths if layout.read_json(p) is not None), None)
-        changed = tables.other_config(run, results, view.overrides, root, suffix)
-        error = layout.run_error(root, run, suffix)
-        if results is None:
-            status = f"failed: {error}" if error else "no results (not run yet, or running)"
-        elif changed:
-            status = f"of another config (differs in: {', '.join(changed)}); left out of its cell"
-        else:
-            a_t = layout.metric(results, "A_T")
-            status = "done" + (f", A_T {a_t:.2f}" if a_t is not None else "")
-        out.append(RunInfo(run, run.name + suffix, folder, results, not changed, status))
-    return out
+@dataclasses.dataclass(frozen=True)
+class CellText:
+    """One cell of a table as `tables.py` prints it (ours, paper, Δ and its mark), with the
+    numbers its chart draws (ours: mean ± sample std over seeds; the paper's mean ± as printed;
+    None where absent)."""
+
+    ours: str
+    paper: str
+    diff: str
+    flagged: bool
+    mean: float | None
+    std: float | None
+    paper_mean: float | None
+    paper_pm: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One table of the experiment (`part`: the experiment, or the section, it belongs to) with
+    its cells, row by row."""
+
+    part: Experiment
+    table: Table
+    cells: list[list[CellText]]
 
 
 # ---------------------------------------------------------------------------------- tables
-
-
-def _cell_classes(c: tables.Cell) -> str:
-    return ' class="flag"' if c.flagged else ""
 
 
 def _joined(text: str) -> str:
@@ -109,8 +108,8 @@ def _joined(text: str) -> str:
     return text.replace(" ± ", "\u00a0±\u00a0")
 
 
-def table_html(table: Table, cells: list[list[tables.Cell]]) -> str:
-    """`table` as an HTML table: per column ours, paper, Δ (`tables.ours_text` and friends)."""
+def table_html(table: Table, cells: list[list[CellText]]) -> str:
+    """`table` as an HTML table: per column ours, paper, Δ (a flagged Δ marked)."""
     e = svg.esc
     head1 = "".join(f'<th colspan="3">{e(c.label)}</th>' for c in table.columns)
     head2 = "<th>ours</th><th>paper</th><th>Δ</th>" * len(table.columns)
@@ -121,25 +120,22 @@ def table_html(table: Table, cells: list[list[tables.Cell]]) -> str:
     for row, row_cells in zip(table.rows, cells, strict=True):
         parts = [f"<td>{e(row.label)}</td>"]
         for c in row_cells:
-            ours, paper = _joined(tables.ours_text(c)), _joined(tables.paper_text(c))
-            parts.append(f"<td>{e(ours)}</td><td>{e(paper)}</td>")
-            parts.append(f"<td{_cell_classes(c)}>{e(tables.diff_text(c))}</td>")
+            parts.append(f"<td>{e(_joined(c.ours))}</td><td>{e(_joined(c.paper))}</td>")
+            flag = ' class="flag"' if c.flagged else ""
+            parts.append(f"<td{flag}>{e(c.diff)}</td>")
         lines.append(f"<tr>{''.join(parts)}</tr>")
     lines.append("</tbody></table></div>")
     return "\n".join(lines)
 
 
-def comparison_charts(table: Table, cells: list[list[tables.Cell]]) -> list[str]:
+def comparison_charts(table: Table, cells: list[list[CellText]]) -> list[str]:
     """One dot chart per column: every row's ours (± std) beside the paper's (±)."""
     out = []
     for k, col in enumerate(table.columns):
-        pairs = []
-        for row, row_cells in zip(table.rows, cells, strict=True):
-            c = row_cells[k]
-            p = c.published
-            pairs.append(
-                svg.Pair(row.label, c.mean, c.std, p.mean if p else None, p.pm if p else None)
-            )
+        pairs = [
+            svg.Pair(row.label, c.mean, c.std, c.paper_mean, c.paper_pm)
+            for row, c in zip(table.rows, (r[k] for r in cells), strict=True)
+        ]
         if any(p.ours is not None or p.paper is not None for p in pairs):
             out.append(svg.comparison(pairs, title=f"{col.label}: ours and paper", xlabel="%"))
     return out
@@ -186,9 +182,7 @@ def loss_groups(table: Table) -> list[tuple[str, list[tuple[str, dict]]]]:
     ]
 
 
-def loss_charts(
-    experiment: Experiment, table: Table, infos: Mapping[str, RunInfo], view: tables.View
-) -> list[str]:
+def loss_charts(experiment: Experiment, table: Table, infos: Mapping[str, RunInfo]) -> list[str]:
     """Per `loss_groups` group: A_t after each task per loss, mean ± std band over seeds."""
     out = []
     for shared, members in loss_groups(table):
@@ -414,37 +408,41 @@ def run_html(
 # ---------------------------------------------------------------------------------- the page
 
 
-def page(root: str, experiment: Experiment, view: tables.View | None = None, warnings=None) -> str:
-    """The report of the sweep directory `root` as one HTML document (see the module doc);
-    damaged runs' reasons are added to `warnings` (a set), as `tables.render` does."""
-    view = view or tables.View()
-    warnings = set() if warnings is None else warnings
+def page(
+    root: str,
+    experiment: Experiment,
+    blocks: Sequence[Block],
+    infos: Sequence[RunInfo],
+    warnings: Sequence[str] = (),
+    legend: str = "",
+    selection: str = "",
+) -> str:
+    """The report of the sweep directory `root` as one HTML document (see the module doc): the
+    tables `blocks` (with `legend` under each), the runs `infos`, the `warnings`; `selection`
+    says which runs are shown (overrides, `--where`)."""
     e = svg.esc
-    infos = run_infos(root, experiment, view)
     by_name = {i.run.name: i for i in infos}
     done = sum(1 for i in infos if i.results is not None and i.counted)
     body = [
         f"<h1>{e(experiment.title)}</h1>",
         f'<p class="meta">experiment <code>{e(experiment.name)}</code> · directory '
         f"<code>{e(root)}</code> · {done}/{len(infos)} runs finished"
-        + (f" · overrides <code>{e(' '.join(view.overrides))}</code>" if view.overrides else "")
-        + (f" · runs <code>--where={e(view.where)}</code>" if view.where else "")
+        + (f" · {e(selection)}" if selection else "")
         + "</p>",
         '<h2 id="tables">Tables</h2>',
     ]
-    for part, part_tables, _ in experiment.sections():
-        for table in part_tables:
-            cells = tables.grid(root, part, table, warnings, view)
-            body.append(f"<h3>{e(table.title)}</h3>")
-            body.append(table_html(table, cells))
-            body.append(f'<p class="legend">{e(tables.LEGEND)}</p>')
-            charts = comparison_charts(table, cells)
-            charts += loss_charts(part, table, by_name, view)
-            if charts:
-                body.append(f'<div class="charts">{"".join(charts)}</div>')
+    for block in blocks:
+        body.append(f"<h3>{e(block.table.title)}</h3>")
+        body.append(table_html(block.table, block.cells))
+        if legend:
+            body.append(f'<p class="legend">{e(legend)}</p>')
+        charts = comparison_charts(block.table, block.cells)
+        charts += loss_charts(block.part, block.table, by_name)
+        if charts:
+            body.append(f'<div class="charts">{"".join(charts)}</div>')
     if warnings:
         body.append('<h2 id="warnings">Warnings</h2><ul>')
-        body += [f'<li class="warning">{e(w)}</li>' for w in sorted(warnings)]
+        body += [f'<li class="warning">{e(w)}</li>' for w in warnings]
         body.append("</ul>")
     body.append(f'<h2 id="runs">Runs ({len(infos)})</h2>')
     body.append(
@@ -472,13 +470,3 @@ def page(root: str, experiment: Experiment, view: tables.View | None = None, war
         f"<title>{e(experiment.name)}: {e(experiment.title)}</title>"
         f"<style>{CSS}</style></head><body><main>\n" + "\n".join(body) + "\n</main></body></html>\n"
     )
-
-
-def write(
-    root: str, experiment: Experiment, path: str, view: tables.View | None = None, warnings=None
-) -> int:
-    """Writes `page(...)` to `path`; returns its size in bytes."""
-    text = page(root, experiment, view, warnings)
-    data = text.encode("utf-8")
-    pathlib.Path(path).write_bytes(data)
-    return len(data)
