@@ -28,7 +28,7 @@ import pytest
 from aepg_jax.continual import metrics, predictions
 from aepg_jax.evaluate import evaluate
 from aepg_jax.experiments import Column, Experiment, Grid, Row, Table
-from aepg_jax.tables import tables
+from aepg_jax.tables import svg, tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TASKS, CLASSES_PER_TASK, PER_TASK = 5, 2, 12
@@ -290,3 +290,11 @@ def test_demo_report_renders_in_headless_chromium(tmp_path):
     pixels = image.imread(shot)
     assert pixels.shape[:2] == (1400, 1280)
     assert pixels[..., :3].std() > 0.05  # not blank
+
+
+def test_chart_ticks_and_colours():
+    assert svg.ticks(10.3, 95.2) == [20, 40, 60, 80]
+    assert svg.ticks(0.0, 1.0) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert svg.ticks(1.0, 5.0) == [1, 2, 3, 4, 5]
+    assert (svg.viridis(0.0), svg.viridis(1.0)) == ("#440154", "#fde725")
+    assert svg.esc('<a href="x">') == "&lt;a href=&quot;x&quot;&gt;"

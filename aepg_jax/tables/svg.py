@@ -45,19 +45,19 @@ def _n(x: float) -> str:
 
 
 def ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """About `count` round tick values covering [lo, hi] (steps of 1, 2 or 5 x 10^k)."""
+    """Round tick values in [lo, hi] (steps of 1, 2 or 5 x 10^k), as close to `count` of them
+    as such steps allow."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo]
-    raw = (hi - lo) / max(count - 1, 1)
-    power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    first = math.ceil(lo / step - 1e-9) * step
-    out = []
-    value = first
-    while value <= hi + 1e-9 * step:
-        out.append(round(value, 10))
-        value += step
-    return out
+    power = 10 ** math.floor(math.log10((hi - lo) / max(count - 1, 1)))
+    steps = [m * power for m in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50)]
+
+    def number(step: float) -> int:
+        return math.floor(hi / step + 1e-9) - math.ceil(lo / step - 1e-9) + 1
+
+    step = min(steps, key=lambda st: (abs(number(st) - count), -st))
+    first = math.ceil(lo / step - 1e-9)
+    return [round((first + k) * step, 10) for k in range(number(step))]
 
 
 def _tick_text(value: float) -> str:
