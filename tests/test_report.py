@@ -251,7 +251,8 @@ CHROMIUM_FLAGS = (
 @pytest.mark.slow
 def test_demo_report_renders_in_headless_chromium(tmp_path):
     """Two demo runs (LoRA, CE and aEPG, seed 0), their report rendered in headless Chromium:
-    4.5 min on the 2-core CPU shared with other jobs (load ~20), Chromium's part 6 s."""
+    1.8 min on the 2-core CPU shared with other jobs (load ~15; 4.5 min at load ~20), of which
+    Chromium 5 s."""
     chromium = _chromium()
     root = tmp_path / "demo"
     where = "--where=method=plain,seed=0"
