@@ -21,11 +21,11 @@ from tiny import tiny_config
 
 from aepg_jax import main
 from aepg_jax.config import schema
-from aepg_jax.continual import predictions, trainer
+from aepg_jax.continual import trainer
 from aepg_jax.data import loader
 from aepg_jax.evaluate import evaluate
 from aepg_jax.pretraining import pretrain
-from aepg_jax.runs import checkpointing
+from aepg_jax.runs import checkpointing, predictions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

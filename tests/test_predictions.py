@@ -1,4 +1,4 @@
-"""Kept predictions (continual/predictions.py) and the metrics recomputed from them
+"""Kept predictions (runs/predictions.py) and the metrics recomputed from them
 (aepg_jax/evaluate), on hand-made probabilities with values worked out by hand."""
 
 import math
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aepg_jax.continual import predictions
 from aepg_jax.evaluate import evaluate
+from aepg_jax.runs import predictions
 
 # Two tasks of two classes (0-1, 2-3); after task 0 the classes of task 1 have probability 0.
 AFTER_0 = {0: ([[0.7, 0.3, 0, 0], [0.6, 0.4, 0, 0]], [0, 1])}  # task 0: right, wrong

@@ -18,8 +18,8 @@ import pytest
 from test_user_facing import _message_lines
 from tiny import tiny_config, write_spec
 
-from aepg_jax.continual import predictions, trainer
-from aepg_jax.runs import checkpointing
+from aepg_jax.continual import trainer
+from aepg_jax.runs import checkpointing, predictions
 from aepg_jax.system import preemption
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

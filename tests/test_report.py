@@ -25,9 +25,10 @@ import time
 import numpy as np
 import pytest
 
-from aepg_jax.continual import metrics, predictions
+from aepg_jax.continual import metrics
 from aepg_jax.evaluate import evaluate
 from aepg_jax.experiments import Column, Experiment, Grid, Row, Table
+from aepg_jax.runs import predictions
 from aepg_jax.tables import svg, tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

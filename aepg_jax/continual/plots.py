@@ -17,8 +17,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from aepg_jax.continual import calibration, predictions
+from aepg_jax.continual import metrics
 from aepg_jax.continual.metrics import as_float_array
+from aepg_jax.runs import predictions
 from aepg_jax.runs.records import is_number, run_name
 
 
@@ -133,14 +134,14 @@ def plot_reliability(
     title: str = "Reliability after the last task",
 ) -> None:
     """Reliability diagram: per predictor `(confidence, correct)` of its test predictions, the
-    accuracy of each of the 15 equal-width confidence bins (`calibration.py`) against the
+    accuracy of each of the 15 equal-width confidence bins (`continual/metrics.py`) against the
     bin's mean confidence, the diagonal being perfect calibration; the legend gives the ECE."""
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
     for name, (conf, correct) in kept.items():
-        acc, mean_conf, count = calibration.reliability(conf, correct)
+        acc, mean_conf, count = metrics.reliability(conf, correct)
         seen = count > 0
-        ece = 100.0 * calibration.ece(conf, correct)
+        ece = 100.0 * metrics.ece(conf, correct)
         ax.plot(mean_conf[seen], acc[seen], "o-", label=f"{name} (ECE {ece:.1f}%)")
     ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1), title=title)
     ax.grid(alpha=0.3)

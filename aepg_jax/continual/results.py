@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import tqdm
 
-from aepg_jax.continual import metrics, plots, predictions, setup
+from aepg_jax.continual import metrics, plots, setup
 from aepg_jax.continual.setup import Run
-from aepg_jax.runs import checkpointing, records
+from aepg_jax.runs import checkpointing, predictions, records
 from aepg_jax.runs.records import to_jsonable
 from aepg_jax.system import environment
 

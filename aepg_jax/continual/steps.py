@@ -34,11 +34,11 @@ import jax.numpy as jnp
 import optax
 
 from aepg_jax import losses
-from aepg_jax.continual import predictions
 from aepg_jax.data import augment
 from aepg_jax.methods import Method, Network, TaskSpec
 from aepg_jax.methods.base import NEG
 from aepg_jax.models import partition
+from aepg_jax.runs import predictions
 
 Params = dict[str, Any]
 

@@ -49,12 +49,12 @@ import tqdm
 
 from aepg_jax import methods, schedules
 from aepg_jax.config import schema
-from aepg_jax.continual import fit, predictions, setup, steps
+from aepg_jax.continual import fit, setup, steps
 from aepg_jax.continual.results import Bookkeeping, report
 from aepg_jax.continual.setup import Run
 from aepg_jax.data import loader, splits
 from aepg_jax.models import partition
-from aepg_jax.runs import checkpointing, records
+from aepg_jax.runs import checkpointing, predictions, records
 from aepg_jax.system import compiles, hosts, memory, preemption, progress
 
 TrainState = steps.TrainState

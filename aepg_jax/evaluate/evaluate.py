@@ -1,6 +1,6 @@
 """`python -m aepg_jax.evaluate WORKDIR`: a run's metrics recomputed from its kept predictions.
 
-Reads each seed's `predictions.npz` (`continual/predictions.py`), no model and no checkpoint:
+Reads each seed's `predictions.npz` (`runs/predictions.py`), no model and no checkpoint:
 rebuilds the accuracy counts of every evaluation and from them the metrics of results.json
 (`continual/metrics.summary`: accuracy matrices, A_t, forgetting, BWT, ...), the calibration
 (ECE, NLL, test entropy) and the logged entropy, checks them against results.json, and adds
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from aepg_jax.continual import metrics, predictions
-from aepg_jax.runs import records
+from aepg_jax.continual import metrics
+from aepg_jax.runs import predictions, records
 from aepg_jax.system import cli
 
 OUT_FILE = "evaluation.json"

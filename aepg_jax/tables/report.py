@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from aepg_jax.continual import calibration, predictions
+from aepg_jax.continual import metrics
 from aepg_jax.experiments import Experiment, Run, Table
-from aepg_jax.runs import identity, records
+from aepg_jax.runs import identity, predictions, records
 from aepg_jax.tables import svg
 
 MAX_POINTS = 400  # a curve longer than this is averaged over consecutive chunks
@@ -301,9 +301,9 @@ def reliability_chart(folder: pathlib.Path, predictors: Sequence[str]) -> str | 
         c = predictions.predictor_columns(arrays, p)
         conf = c["top_probs"][last, 0].astype(np.float64)
         correct = c["top_classes"][last, 0] == label
-        acc, mean_conf, count = calibration.reliability(conf, correct)
+        acc, mean_conf, count = metrics.reliability(conf, correct)
         seen = count > 0
-        ece = 100.0 * calibration.ece(conf, correct)
+        ece = 100.0 * metrics.ece(conf, correct)
         series.append(svg.Series(f"{p} (ECE {ece:.1f}%)", mean_conf[seen], acc[seen], points=True))
     if not series:
         return None

@@ -4,9 +4,9 @@ Every evaluation (after each task `j`, every seen task `i`'s test set, every pre
 keeps per test example: its dataset index and label, and per predictor the top-K classes and
 their probabilities (`K = min(5, C)`; the first is the class-incremental prediction), the
 probability of the true class, the entropy of the predictor's distribution, and the
-task-incremental prediction (the argmax over task `i`'s own classes). The run's metrics
-(`metrics.py`) and calibration (`calibration.py`) are recomputed from them without the model by
-`python -m aepg_jax.evaluate` (`evaluate.py`).
+task-incremental prediction (the argmax over task `i`'s own classes). The run's metrics and
+calibration (`continual/metrics.py`) are recomputed from them without the model by
+`python -m aepg_jax.evaluate` (`evaluate/evaluate.py`).
 
 File: `<seed dir>/predictions.npz` (uncompressed `.npz`), rewritten atomically after each
 evaluation with every evaluation so far; its sha256 in `results.json`. Arrays (N rows: one per
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aepg_jax.continual import calibration
+from aepg_jax.continual import metrics
 from aepg_jax.runs import lock
 
 FILE = "predictions.npz"
@@ -184,9 +184,9 @@ def sha256(path: str | os.PathLike) -> str:
 
 
 def calibration_of(evaluation: Mapping[str, np.ndarray], predictor: str) -> dict[str, float]:
-    """`predictor`'s calibration over one evaluation's kept rows (`calibration.of_examples`)."""
+    """`predictor`'s calibration over one evaluation's kept rows (`metrics.calibration`)."""
     c = predictor_columns(evaluation, predictor)
-    return calibration.of_examples(
+    return metrics.calibration(
         c["top_probs"][:, 0],
         c["top_classes"][:, 0] == evaluation["label"],
         c["p_true"],
