@@ -38,6 +38,7 @@ from aepg_jax.data import augment
 from aepg_jax.methods import Method, Network, TaskSpec
 from aepg_jax.methods.base import NEG
 from aepg_jax.models import partition
+from aepg_jax.runs import predictions
 
 Params = dict[str, Any]
 
@@ -199,15 +200,16 @@ def make_train_step(
     return step
 
 
-def make_eval_step(method: Method, net: Network, cfg: StepConfig) -> Callable[..., dict[str, Any]]:
-    """`eval(trainable, method_state, frozen, batch, task, evaluated) -> sums` over the valid
-    rows of a batch of task `evaluated`'s test set after task `task` (both traced `TaskSpec`s:
+def make_eval_step(method: Method, net: Network, cfg: StepConfig) -> Callable[..., tuple]:
+    """`eval(trainable, method_state, frozen, batch, task, evaluated) -> (sums, rows)` over the
+    valid rows of a batch of task `evaluated`'s test set after task `task` (both traced `TaskSpec`s:
     one program for every pair). Sums: per predictor `p`, `sums[p]` counts the rows whose
     argmax over the seen classes is the label (class-incremental: no task identity) and
     `sums["task_incremental"][p]` those whose argmax over `evaluated`'s own classes
     `[offset, stop)` is (task-incremental: the task is given); `count`, the valid rows; and
     `entropy_sum`, the summed entropy of the softmax over the seen classes (of the logits
-    `method.predict` names). One forward pass gives both counts."""
+    `method.predict` names). One forward pass gives both counts. `rows`: every row's kept
+    predictions (`predictions.per_example`; padding rows included, the host drops them)."""
 
     def eval_step(
         trainable: Params,
@@ -216,23 +218,22 @@ def make_eval_step(method: Method, net: Network, cfg: StepConfig) -> Callable[..
         batch: dict,
         task: TaskSpec,
         evaluated: TaskSpec,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         images = augment.test_transform(batch["image"], cfg.image_size, cfg.normalize)
         mask, labels = batch["mask"], batch["label"]
         probs, logits = method.predict(net, trainable, frozen, method_state, images, task)
-        classes = jnp.arange(logits.shape[-1])
-        own = (classes >= evaluated.offset) & (classes < evaluated.stop)
+        entropy = losses.entropy(logits)
+        rows = predictions.per_example(probs, entropy, labels, evaluated.offset, evaluated.stop)
         out: dict[str, Any] = {
             "count": jnp.sum(mask),
-            "entropy_sum": jnp.sum(jnp.where(mask, losses.entropy(logits), 0.0)),
+            "entropy_sum": jnp.sum(jnp.where(mask, entropy, 0.0)),
             "task_incremental": {},
         }
-        for name, p in probs.items():
-            out[name] = jnp.sum((jnp.argmax(p, -1) == labels) & mask)
-            # -inf outside the task: the argmax is over its own classes, whatever the scores.
-            own_p = jnp.where(own[None], p, jnp.asarray(-jnp.inf, p.dtype))
-            out["task_incremental"][name] = jnp.sum((jnp.argmax(own_p, -1) == labels) & mask)
-        return out
+        for name in probs:
+            kept = rows[name]  # the counts are of the kept predictions: evaluate.py's inputs
+            out[name] = jnp.sum((kept["top_classes"][:, 0] == labels) & mask)
+            out["task_incremental"][name] = jnp.sum((kept["task_pred"] == labels) & mask)
+        return out, rows
 
     return eval_step
 
