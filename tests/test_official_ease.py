@@ -6,7 +6,7 @@ initial adapters and proxy heads, images and order go through `methods/ease.py`:
 forward under plain cross-entropy and Adam, its `end_task` (prototypes and their completion)
 and its `predict`. Compared, within float32 tolerance: the trained adapters and head scales,
 the prototypes of every class in every subspace after every task, the test logits, the
-predictions and the accuracy matrix, for three configurations (docs/algorithm.md, EASE).
+predictions and the accuracy matrix, for three configurations (docs/algorithm.md §21).
 """
 
 import os

@@ -493,6 +493,8 @@ def train_task(
     """Trains task `t` from `start_step`; logs, checkpoints and checks for NaN on the way."""
     cfg = run.cfg
     plan = plan_task(cfg, run.data.tasks.tasks[t])
+    if plan.total_steps == 0:  # a task the method does not train: no bar, nothing compiled
+        return state
     key = static_key(run, t)
     if cfg.optim.steps_per_call > 1:
         stream = _scanned_chunks(run, programs.scanned[key], t, plan, state, start_step)

@@ -319,7 +319,7 @@ PILOT_EXPERIMENT = Experiment(
 # code trains with SGD (momentum 0.9, weight decay 5e-4 / 5e-3, lr 0.008-0.05 annealed by
 # cosine to 0 per epoch), which this trainer does not have: the runs train with the configs'
 # Adam instead. OmniBenchmark is left out: its configs set `moni_adam` (one adapter trained on
-# task 0 only, APER's scheme), which `method.name=ease` does not port (docs/algorithm.md, EASE).
+# task 0 only, APER's scheme), which `method.name=ease` does not port (docs/algorithm.md §21).
 # Class order: seed 1993 (numpy legacy) as the paper's Sec. 5.1 says; VTAB in the identity
 # order (`shuffle: false`), as configs/pilot.py's defaults; CIFAR-100, CUB-200 and ImageNet-R's
 # configs take their identity order (the seed-1993 order is not set there).
