@@ -26,9 +26,10 @@ from aepg_jax.methods.l2p import L2P
 from aepg_jax.methods.lae import LAE
 from aepg_jax.methods.lwf import LwF
 from aepg_jax.methods.plain import Plain
+from aepg_jax.methods.ranpac import RanPAC
 
 REGISTRY: dict[str, type[Method]] = {
-    m.name: m for m in (Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA)
+    m.name: m for m in (Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, RanPAC)
 }
 NAMES = tuple(REGISTRY)
 
