@@ -42,6 +42,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from aepg_jax.data import augment
+from aepg_jax.methods import prototypes
 from aepg_jax.methods.base import (
     Method,
     Network,
@@ -57,7 +58,6 @@ RIDGES = 10.0 ** np.arange(-8, 9)  # RanPAC.py L139: the candidate lambdas, in t
 FIT_FRACTION = 0.8  # RanPAC.py L140: the first 80% of the shuffled images fit, the rest score
 SCALE = "logit_scale"  # the cosine classifier's trainable scale (top-level leaf, label head)
 _HI = jax.lax.Precision.HIGHEST
-_NORM_EPS = 1e-12  # torch F.normalize's eps
 
 # RanPAC's args/*_publish.csv (ID 7, every dataset): batch 48, 20 epochs, a per-epoch cosine
 # (`CosineAnnealingLR`; ours keeps CODA-P's one-epoch lag), no clipping. Its optimizer is SGD
@@ -89,25 +89,24 @@ def project(features: jax.Array, w_rand: jax.Array | None) -> jax.Array:
     return jax.nn.relu(jnp.matmul(f, w_rand, precision=_HI))
 
 
-def gram_update(
-    gram: jax.Array, sums: jax.Array, h: jax.Array, labels: jax.Array, weight: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """`(G + h^T diag(w) h, Q + h^T diag(w) Y)`: G (M, M), Q (M, C), h (B, M), Y one-hot."""
+def gram_update(gram: jax.Array, h: jax.Array, weight: jax.Array) -> jax.Array:
+    """`G + h^T diag(w) h` (M, M) for h (B, M) and row weights w (B,)."""
     chex.assert_rank(h, 2)
     hw = h * weight.astype(jnp.float32)[:, None]
-    y = jax.nn.one_hot(labels, sums.shape[1], dtype=jnp.float32)
-    return gram + jnp.matmul(hw.T, h, precision=_HI), sums + jnp.matmul(hw.T, y, precision=_HI)
+    return gram + jnp.matmul(hw.T, h, precision=_HI)
 
 
-def ridge_solve(gram: jax.Array, sums: jax.Array, ridge: jax.Array) -> jax.Array:
-    """W_o = ((G + lam I)^-1 Q)^T (C, M), by a linear solve (the reference's, not an inverse)."""
+def ridge_solve(gram: jax.Array, sums: prototypes.ClassSums, ridge: jax.Array) -> jax.Array:
+    """W_o = ((G + lam I)^-1 Q)^T (C, M), Q = `sums.sums^T` (M, C), by a linear solve (the
+    reference's `torch.linalg.solve`, not an inverse)."""
     eye = jnp.eye(gram.shape[0], dtype=gram.dtype)
-    return jnp.linalg.solve(gram + ridge * eye, sums).T
+    return jnp.linalg.solve(gram + ridge * eye, sums.sums.T).T
 
 
-def candidate_readouts(gram_fit: jax.Array, sums_fit: jax.Array) -> jax.Array:
+def candidate_readouts(gram_fit: jax.Array, sums_fit: prototypes.ClassSums) -> jax.Array:
     """W_o for every lambda of `RIDGES` (R, C, M), one solve at a time (lax.map)."""
-    return jax.lax.map(lambda r: ridge_solve(gram_fit, sums_fit, r), jnp.asarray(RIDGES, jnp.float32))
+    ridges = jnp.asarray(RIDGES, jnp.float32)
+    return jax.lax.map(lambda r: ridge_solve(gram_fit, sums_fit, r), ridges)
 
 
 def squared_errors(readouts: jax.Array, h: jax.Array, labels: jax.Array, weight: jax.Array):
@@ -158,7 +157,7 @@ class RanPAC(Method):
         """Zero statistics over the run's `num_classes` classes (W is drawn after task 0)."""
         state = {
             "gram": jnp.zeros((self.dim, self.dim), jnp.float32),
-            "sums": jnp.zeros((self.dim, num_classes), jnp.float32),
+            "sums": prototypes.ClassSums.zeros(num_classes, self.dim),  # Q^T and counts
             "readout": jnp.zeros((num_classes, self.dim), jnp.float32),
             "ridge": jnp.zeros((), jnp.float32),
         }
@@ -195,14 +194,10 @@ class RanPAC(Method):
         task: TaskSpec,
     ) -> tuple[jax.Array, jax.Array | None]:
         """`s cos(f, w_c)` over every class of the run (inc_net.py L30-47)."""
-        f = self._features(net, trainable, frozen, images).astype(jnp.float32)
+        f = self._features(net, trainable, frozen, images)
         heads = trainable["head"]
-        w = jnp.concatenate(
-            [heads[head.task_name(t)]["kernel"] for t in range(len(heads))], axis=1
-        )
-        f = f / jnp.maximum(jnp.linalg.norm(f, axis=-1, keepdims=True), _NORM_EPS)
-        w = w / jnp.maximum(jnp.linalg.norm(w, axis=0, keepdims=True), _NORM_EPS)
-        return trainable[SCALE] * jnp.matmul(f, w, precision=_HI), None
+        w = jnp.concatenate([heads[head.task_name(t)]["kernel"] for t in range(len(heads))], 1)
+        return trainable[SCALE] * prototypes.cosine_logits(f, w.T), None
 
     def predict(
         self,
@@ -265,7 +260,7 @@ class RanPAC(Method):
         n = len(labels)
         n_fit = int(n * FIT_FRACTION)
         w_rand = state.get("w_rand")
-        zeros = jnp.zeros_like(state["gram"]), jnp.zeros_like(state["sums"])
+        zeros = jnp.zeros_like(state["gram"]), jax.tree.map(jnp.zeros_like, state["sums"])
         acc = self._program("accumulate", _accumulate)
         sse = self._program("errors", _errors)
         gram, sums, g_fit, q_fit = state["gram"], state["sums"], *zeros
@@ -314,8 +309,9 @@ class RanPAC(Method):
 def _accumulate(gram, sums, g_fit, q_fit, w_rand, f, y, w, fit):
     """One chunk into the run's G, Q (every row) and the task's fit part (rows `fit`)."""
     h = project(f, w_rand)
-    gram, sums = gram_update(gram, sums, h, y, w)
-    g_fit, q_fit = gram_update(g_fit, q_fit, h, y, w * fit)
+    fit_w = w * fit.astype(jnp.float32)
+    gram, sums = gram_update(gram, h, w), sums.add(h, y, w > 0)
+    g_fit, q_fit = gram_update(g_fit, h, fit_w), q_fit.add(h, y, fit_w > 0)
     return gram, sums, g_fit, q_fit
 
 
@@ -335,4 +331,3 @@ def _chunks(feats: np.ndarray, labels: np.ndarray, size: int):
             np.pad(y, (0, pad)),
             w,
         )
-
