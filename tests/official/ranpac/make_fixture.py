@@ -90,7 +90,12 @@ def main() -> None:
 
     def tiny_vit(args, pretrained=False):
         model = timm.models.vision_transformer.VisionTransformer(
-            img_size=SIZE, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=4,
+            img_size=SIZE,
+            patch_size=8,
+            embed_dim=32,
+            depth=2,
+            num_heads=2,
+            mlp_ratio=4,
             num_classes=0,
         )
         state = safetensors.torch.load_file(str(FIXTURES / "timm_tiny_vit.safetensors"))
@@ -158,15 +163,30 @@ def main() -> None:
     torch.manual_seed(1)  # trainer.py's _set_random
     learner = RanPAC.Learner(
         {
-            "model_name": "ncm", "convnet_type": "pretrained_vit_b16_224", "device": ["cpu"],
-            "batch_size": 16, "use_RP": True, "M": M, "weight_decay": 0.0005, "min_lr": 0.0,
-            "tuned_epoch": 0, "body_lr": 0.0, "head_lr": 0.0,
+            "model_name": "ncm",
+            "convnet_type": "pretrained_vit_b16_224",
+            "device": ["cpu"],
+            "batch_size": 16,
+            "use_RP": True,
+            "M": M,
+            "weight_decay": 0.0005,
+            "min_lr": 0.0,
+            "tuned_epoch": 0,
+            "body_lr": 0.0,
+            "head_lr": 0.0,
         }
     )
     learner.is_dil, learner.dil_init = False, False
     data = DataManager()
-    out = {"train_x": train_x, "train_y": train_y, "test_x": test_x, "test_y": test_y,
-           "w_rand": w_rand, "orders": np.stack(orders), "m": np.int32(M)}
+    out = {
+        "train_x": train_x,
+        "train_y": train_y,
+        "test_x": test_x,
+        "test_y": test_y,
+        "w_rand": w_rand,
+        "orders": np.stack(orders),
+        "m": np.int32(M),
+    }
     acc = np.full((TASKS, TASKS), np.nan)
     for t in range(TASKS):
         learner.incremental_train(data)
