@@ -84,7 +84,8 @@ Fields (defaults in brackets):
                                to this before Adam, as torch's clip_grad_norm_; 0: off
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
-  method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora
+  method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora |
+                               ranpac
                                (methods/, one module each)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
@@ -109,7 +110,10 @@ Fields (defaults in brackets):
                                inflora_lamb [0.99] / inflora_lame [1.0] (memory threshold
                                (lame - lamb) t / T + lamb after task t), inflora_memory
                                [dualgpm] (dualgpm: 'remove' / 'retain' bases; gpm: 'remove'
-                               only, as InfLoRA-b5's code); InfLoRA ignores model.peft too
+                               only, as InfLoRA-b5's code); InfLoRA ignores model.peft too;
+                               RanPAC ranpac_m [10000] (random-projection width M: its Gram
+                               matrix is M^2 float32 per seed, 400 MB at 10000, in the
+                               checkpointed state; 0: no projection, the features themselves)
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has
