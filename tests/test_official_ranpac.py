@@ -2,7 +2,7 @@
 
 Same tiny timm ViT, images, random projection W and split orders on both sides; three tasks of
 two classes, M = 128, no first-session adaptation (the official "RanPAC without PETL"). Every
-compared quantity, its tolerance and the measured difference: docs/algorithm.md §20.
+compared quantity, its tolerance and the measured difference: docs/algorithm.md §19.
 """
 
 import os

@@ -316,7 +316,7 @@ PILOT_EXPERIMENT = Experiment(
 # configured rate trains instead. Its PEFT is AdaptFormer's adapter (bottleneck 64, every block)
 # on CIFAR-100 and CUB, SSF on ImageNet-R, ImageNet-A and VTAB, deep VPT on OmniBenchmark; the
 # project has neither SSF nor VPT, so every grid adapts with the project's adapter, bottleneck 64
-# on all 12 blocks (docs/algorithm.md §20 says how it differs from AdaptFormer's). Class order:
+# on all 12 blocks (docs/algorithm.md §19 says how it differs from AdaptFormer's). Class order:
 # seed 1993, numpy legacy (its `shuffle: True`, utils/data_manager.py L90-92), VTAB in the
 # identity order (`shuffle: False`). Backbones: `pretrained_vit_b16_224_in21k_*` (timm 0.6's
 # vit_base_patch16_224_in21k: augreg IN-21K) on CIFAR-100 and OmniBenchmark, timm's

@@ -1,4 +1,4 @@
-"""RanPAC (docs/algorithm.md §20; RanPAC/RanPAC `RanPAC.py`, `inc_net.py`).
+"""RanPAC (docs/algorithm.md §19; RanPAC/RanPAC `RanPAC.py`, `inc_net.py`).
 
 Phase 1, first-session adaptation (task 0 only; `trains_task`): the `model.peft` modules and a
 cosine classifier train with the configured loss (the reference's cross-entropy there):
@@ -62,7 +62,7 @@ _HI = jax.lax.Precision.HIGHEST
 # RanPAC's args/*_publish.csv (ID 7, every dataset): batch 48, 20 epochs, a per-epoch cosine
 # (`CosineAnnealingLR`; ours keeps CODA-P's one-epoch lag), no clipping. Its optimizer is SGD
 # (momentum 0.9, lr 0.01, weight decay 5e-4), which the project does not have: Adam at the
-# configured learning rate trains instead (docs/algorithm.md §20).
+# configured learning rate trains instead (docs/algorithm.md §19).
 RANPAC_SETTINGS: dict[str, Any] = {
     "optim.batch_size": 48,
     "optim.epochs": 20,
