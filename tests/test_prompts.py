@@ -251,16 +251,17 @@ def test_coda_checks_name_their_field():
 
 
 def test_coda_heads_start_as_torch_linear_and_every_other_methods_as_before():
-    """CODA-P's heads: its reference's nn.Linear init by default, `normal` on request; every
-    other method keeps N(0, 0.001^2)."""
+    """CODA-P's heads: its reference's nn.Linear init by default, `normal` on request; RanPAC's
+    cosine classifier its reference's U(+-1/sqrt(D)); every other method keeps N(0, 0.001^2)."""
     from aepg_jax import methods
 
     assert coda_prompt.CodaPrompt(_method_config("coda_prompt")).head_init == "uniform"
     normal = _method_config("coda_prompt", coda_head_init="normal")
     assert coda_prompt.CodaPrompt(normal).head_init == "normal"
     for name, cls in methods.REGISTRY.items():
-        if name != "coda_prompt":
+        if name not in ("coda_prompt", "ranpac"):  # RanPAC's cosine head: uniform, its code's
             assert cls(_method_config(name)).head_init == "normal", name
+    assert methods.get("ranpac")(_method_config("ranpac")).head_init == "uniform"
 
 
 @pytest.mark.slow
