@@ -34,7 +34,7 @@ def _method(m):
     return ranpac.RanPAC(cfg)
 
 
-@pytest.mark.parametrize("m", [0, 24])
+@pytest.mark.parametrize("m", [pytest.param(0, marks=pytest.mark.slow), 24])
 def test_update_equals_the_official_formulas_for_any_chunking(m):
     rng = np.random.default_rng(0)
     num_classes, n, width = 4, 50, 8
@@ -88,7 +88,8 @@ def _record_end_states(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("loss", ["aepg", pytest.param("ce", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["aepg", "ce"])
 def test_runs_end_to_end_adapting_on_task_0_only(tmp_path, monkeypatch, loss):
     seen = _record_end_states(monkeypatch)
     results = trainer.run(_config(tmp_path, **{"loss.name": loss}), str(tmp_path / "run"))
