@@ -285,10 +285,10 @@ class RanPAC(Method):
     def host_programs(
         self, trainable: Params, state: Params, frozen: Params, batch, task: int
     ) -> dict[str, tuple[Callable, tuple, int]]:
-        """The features pass, the G/Q accumulation and the validation errors (per batch), and
-        the candidate solves and the final solve (once per task: `passes` is per batch, so
-        they are listed with one pass and their cost is counted once per batch, an over-count
-        the plan states)."""
+        """The features pass, the G/Q accumulation and the validation errors (once per batch of
+        the task's training images), the 17 candidate solves and the final solve (once per task;
+        `passes` counts per batch, so the plan over-counts their calls by the task's number of
+        batches; XLA's cost analysis does not count the LU solves' FLOPs: ~18 x 2/3 M^3 a task)."""
         b = batch["image"].shape[0]
         f = jnp.zeros((b, self.width), jnp.float32)
         y = jnp.zeros((b,), jnp.int32)
