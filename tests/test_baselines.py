@@ -248,3 +248,22 @@ def test_ease_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
     ce, aepg = table.rows
     assert len(ce.paper) == len(table.columns) and not aepg.paper
     assert [table.published(ce, c).mean for c in table.columns[:2]] == [91.51, 85.80]
+
+
+# -------------------------------------------------------------------------------- RanPAC
+def test_ranpac_runs_build_with_its_settings_in_both_losses():
+    """RanPAC's grids: its official settings in every run, CE beside aEPG, seed 1993's class
+    order except VTAB, the IN-21K backbone on CIFAR-100 and OmniBenchmark."""
+    runs = registry.get("ranpac").runs()
+    assert {r.value("loss") for r in runs} == {"ce", "aepg"}
+    for run in runs:
+        unit = layout.Unit((run,))
+        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
+        validate(cfg)
+        assert cfg.method.name == "ranpac" and cfg.method.ranpac_m == 10000
+        assert (cfg.optim.batch_size, cfg.optim.epochs, cfg.model.peft.kind) == (48, 20, "adapter")
+        assert tuple(cfg.model.peft.blocks) == tuple(range(12)) and cfg.model.peft.adapter_dim == 64
+        vtab = run.value("dataset") == "vtab"
+        assert cfg.data.class_order_seed == (None if vtab else 1993)
+        in21k = run.stem == "cifar100" or run.value("dataset") == "omnibenchmark"
+        assert (cfg.model.weights == "vit_base_patch16_224.augreg_in21k") == in21k

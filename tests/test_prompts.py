@@ -251,16 +251,18 @@ def test_coda_checks_name_their_field():
 
 
 def test_coda_heads_start_as_torch_linear_and_every_other_methods_as_before():
-    """CODA-P's heads: its reference's nn.Linear init by default, `normal` on request; every
-    other method keeps N(0, 0.001^2)."""
+    """CODA-P's heads: its reference's nn.Linear init by default, `normal` on request; RanPAC's
+    and EASE's cosine classifiers their references' U(+-1/sqrt(D)); every other method keeps
+    N(0, 0.001^2) (docs/algorithm.md §18)."""
     from aepg_jax import methods
 
     assert coda_prompt.CodaPrompt(_method_config("coda_prompt")).head_init == "uniform"
     normal = _method_config("coda_prompt", coda_head_init="normal")
     assert coda_prompt.CodaPrompt(normal).head_init == "normal"
+    uniform = ("coda_prompt", "ranpac", "ease")
     for name, cls in methods.REGISTRY.items():
-        if name != "coda_prompt":
-            assert cls(_method_config(name)).head_init == "normal", name
+        expected = "uniform" if name in uniform else "normal"
+        assert cls(_method_config(name)).head_init == expected, name
 
 
 @pytest.mark.slow

@@ -91,9 +91,9 @@ Fields (defaults in brackets):
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
   method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora |
-                               simplecil | aper | ease (methods/, one module each; simplecil
-                               and aper have no method.* fields: APER adapts model.peft on
-                               task 0)
+                               simplecil | aper | ease | ranpac (methods/, one module each;
+                               simplecil and aper have no method.* fields: APER adapts
+                               model.peft on task 0)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
                                decay); LwF lwf_temperature [1.0], lwf_weight [1.0];
@@ -124,6 +124,9 @@ Fields (defaults in brackets):
                                ease_use_init_ptm [False] (add the pretrained subspace),
                                ease_reweight [True] (False: one cosine over the concatenated
                                subspaces); EASE ignores model.peft (docs/methods.md, EASE)
+                               RanPAC ranpac_m [10000] (random-projection width M: its Gram
+                               matrix is M^2 float32 per seed, 400 MB at 10000, in the
+                               checkpointed state; 0: no projection, the features themselves)
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has

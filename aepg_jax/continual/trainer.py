@@ -128,7 +128,8 @@ def task_context(run: Run, t: int, seed_index: int) -> methods.TaskContext:
             train=False,
         )
 
-    return methods.TaskContext(run.net, run.frozen_of(seed_index), train_batches)
+    key = jax.random.fold_in(run.keys[seed_index], 3000 + t)
+    return methods.TaskContext(run.net, run.frozen_of(seed_index), train_batches, key)
 
 
 def _per_seed(run: Run, trainable, method_state):

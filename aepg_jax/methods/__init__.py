@@ -29,13 +29,13 @@ from aepg_jax.methods.l2p import L2P
 from aepg_jax.methods.lae import LAE
 from aepg_jax.methods.lwf import LwF
 from aepg_jax.methods.plain import Plain
+from aepg_jax.methods.ranpac import RanPAC
 from aepg_jax.methods.simplecil import SimpleCIL
 
 REGISTRY: dict[str, type[Method]] = {
-    m.name: m for m in (Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA)
+    m.name: m
+    for m in (Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, SimpleCIL, Aper, Ease, RanPAC)
 }
-REGISTRY.update({m.name: m for m in (SimpleCIL, Aper)})  # the prototype methods
-REGISTRY[Ease.name] = Ease
 NAMES = tuple(REGISTRY)
 
 __all__ = ["NAMES", "REGISTRY", "Method", "Network", "TaskContext", "TaskSpec", "defaults", "get"]

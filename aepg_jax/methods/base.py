@@ -120,6 +120,8 @@ class TaskContext:
     # The task's training images (uint8, unaugmented) in order, `eval.batch_size` per batch,
     # sharded like evaluation; padding rows have mask False.
     train_batches: Callable[[], Iterator[Batch]]
+    # This seed's key for the task's host-side random choices (`fold_in(seed key, 3000 + t)`).
+    key: jax.Array | None = None
 
 
 def softmax_probs(logits: jax.Array) -> jax.Array:

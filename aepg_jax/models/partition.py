@@ -35,6 +35,7 @@ DEFAULT_RULES: Rules = (
     (r"(^|/)(lora|adapter|prefix)/", PEFT),
     (r"^prompt/", PEFT),  # the prompt baselines' prompts, keys and attention vectors
     (r"^head/", HEAD),
+    (r"^logit_scale$", HEAD),  # a cosine classifier's trainable logit scale (RanPAC's)
     (r"^(embedding|cls|Transformer)(/|$)", BACKBONE),
 )
 

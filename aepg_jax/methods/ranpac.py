@@ -1,0 +1,333 @@
+"""RanPAC (docs/algorithm.md §22; RanPAC/RanPAC `RanPAC.py`, `inc_net.py`).
+
+Phase 1, first-session adaptation (task 0 only; `trains_task`): the `model.peft` modules and a
+cosine classifier train with the configured loss (the reference's cross-entropy there):
+    logits = s cos(f(x), w_c)        s = `logit_scale` (trainable, starts at 1; `CosineLinear`)
+with w_c the task heads' kernel columns (`head_init` uniform: U(+-1/sqrt(D)), torch's
+`CosineLinear.reset_parameters`); the heads' biases are unused. Later tasks train nothing (the
+PEFT stays as task 0 left it). With `model.peft.kind=none` no task trains (the reference's
+"RanPAC without PETL").
+
+Phase 2, after every task t (`end_task`), with f the adapted model's features (the final-norm
+class token of the task's training images, test transform), W (D, M) the random projection
+drawn once after task 0, h = ReLU(f W) (M = `method.ranpac_m`; M = 0: h = f, no projection):
+    G <- G + sum_i h_i h_i^T      (M, M)       Q <- Q + sum_i h_i y_i^T      (M, C)
+    W_o = ((G + lam I)^-1 Q)^T    (C, M)       prediction: argmax_c (h W_o^T)_c (seen classes)
+lam is chosen per task from {10^-8, ..., 10^8} on the task's own features: the task's images
+in a random order (the seed's key; the reference's shuffled loader), the first floor(0.8 N)
+fit `(G_fit + lam I)^-1 Q_fit`, the rest score it by the mean squared error of `h W_o^T`
+against the one-hot labels (over every class of the run); the smallest error wins (the first
+on ties, numpy's argmin).
+
+Everything is float32, as the reference computes it (`torch.zeros`/`torch.randn` defaults,
+`RanPAC.py` L254-260), with float32 matmuls at full precision: no float64 program, one
+compilation per program for the run. Memory: G is M^2 floats (M = 10000: 400 MB per seed,
+checkpointed with the method state), W is D M, Q and W_o are M C; the ridge selection holds
+17 candidate W_o (17 M C) and two more (M, M) matrices on the device while it runs.
+
+Domain-incremental (`data.scenario=domain`): runs, as the reference's DIL datasets do: task 0
+adapts on the first domain, G and Q accumulate over every domain's images with all classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from aepg_jax.data import augment
+from aepg_jax.methods import prototypes
+from aepg_jax.methods.base import (
+    Method,
+    Network,
+    Params,
+    TaskContext,
+    TaskSpec,
+    mask_unseen,
+    softmax_probs,
+)
+from aepg_jax.models import head, partition
+
+RIDGES = 10.0 ** np.arange(-8, 9)  # RanPAC.py L139: the candidate lambdas, in this order
+FIT_FRACTION = 0.8  # RanPAC.py L140: the first 80% of the shuffled images fit, the rest score
+SCALE = "logit_scale"  # the cosine classifier's trainable scale (top-level leaf, label head)
+_HI = jax.lax.Precision.HIGHEST
+
+# RanPAC's args/*_publish.csv (ID 7, every dataset): batch 48, 20 epochs, a per-epoch cosine
+# (`CosineAnnealingLR`; ours keeps CODA-P's one-epoch lag), no clipping. Its optimizer is SGD
+# (momentum 0.9, lr 0.01, weight decay 5e-4), which the project does not have: Adam at the
+# configured learning rate trains instead (docs/algorithm.md §22).
+RANPAC_SETTINGS: dict[str, Any] = {
+    "optim.batch_size": 48,
+    "optim.epochs": 20,
+    "optim.lr_schedule": "cosine_epochs",
+    "optim.peft_freeze_epochs": 0,
+    "optim.clip_norm": 0.0,
+}
+
+
+# -- the random-projection machinery (pure functions; the method's programs jit them) -----------
+
+
+def draw_projection(key: jax.Array, width: int, m: int) -> jax.Array:
+    """W (D, M) ~ N(0, 1) from `key` (the reference's `torch.randn(D, M)`, from torch's RNG:
+    the distribution is the same, the matrix is not)."""
+    return jax.random.normal(key, (width, m), jnp.float32)
+
+
+def project(features: jax.Array, w_rand: jax.Array | None) -> jax.Array:
+    """h = ReLU(f W) (B, M), or f itself without a projection (`w_rand` None)."""
+    f = features.astype(jnp.float32)
+    if w_rand is None:
+        return f
+    return jax.nn.relu(jnp.matmul(f, w_rand, precision=_HI))
+
+
+def gram_update(gram: jax.Array, h: jax.Array, weight: jax.Array) -> jax.Array:
+    """`G + h^T diag(w) h` (M, M) for h (B, M) and row weights w (B,)."""
+    chex.assert_rank(h, 2)
+    hw = h * weight.astype(jnp.float32)[:, None]
+    return gram + jnp.matmul(hw.T, h, precision=_HI)
+
+
+def ridge_solve(gram: jax.Array, sums: prototypes.ClassSums, ridge: jax.Array) -> jax.Array:
+    """W_o = ((G + lam I)^-1 Q)^T (C, M), Q = `sums.sums^T` (M, C), by a linear solve (the
+    reference's `torch.linalg.solve`, not an inverse)."""
+    eye = jnp.eye(gram.shape[0], dtype=gram.dtype)
+    return jnp.linalg.solve(gram + ridge * eye, sums.sums.T).T
+
+
+def candidate_readouts(gram_fit: jax.Array, sums_fit: prototypes.ClassSums) -> jax.Array:
+    """W_o for every lambda of `RIDGES` (R, C, M), one solve at a time (lax.map)."""
+    ridges = jnp.asarray(RIDGES, jnp.float32)
+    return jax.lax.map(lambda r: ridge_solve(gram_fit, sums_fit, r), ridges)
+
+
+def squared_errors(readouts: jax.Array, h: jax.Array, labels: jax.Array, weight: jax.Array):
+    """`sum_i w_i ||h_i W_o^T - y_i||^2` (R,) for each candidate W_o (R, C, M)."""
+    y = jax.nn.one_hot(labels, readouts.shape[1], dtype=jnp.float32)
+    pred = jnp.einsum("bm,rcm->rbc", h, readouts, precision=_HI)
+    return jnp.sum(weight.astype(jnp.float32)[None, :, None] * (pred - y[None]) ** 2, axis=(1, 2))
+
+
+def choose_ridge(errors: np.ndarray) -> float:
+    """The lambda of the smallest validation error (the first on ties, RanPAC.py L148)."""
+    return float(RIDGES[int(np.argmin(np.asarray(errors)))])
+
+
+class RanPAC(Method):
+    """First-session PEFT adaptation, then a frozen random-projection ridge classifier."""
+
+    name = "ranpac"
+    defaults: ClassVar[dict[str, Any]] = {"ranpac_m": 10000}
+    reference_settings: ClassVar[dict[str, Any]] = RANPAC_SETTINGS
+    task_data_passes: ClassVar[int] = 1  # the features pass after every task
+
+    def __init__(self, cfg: ml_collections.ConfigDict):
+        super().__init__(cfg)
+        self.width = int(cfg.model.hidden_size)
+        self.m = int(cfg.method.ranpac_m)
+        self.dim = self.m if self.m > 0 else self.width  # L: the readout's input width
+        self._programs: dict[str, Callable] = {}
+
+    @property
+    def head_init(self) -> str:
+        return "uniform"  # CosineLinear.reset_parameters: U(+-1/sqrt(D)), inc_net.py L24-26
+
+    @classmethod
+    def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
+        m = cfg.method.ranpac_m
+        if not (isinstance(m, int) and not isinstance(m, bool) and m >= 0):
+            return [f"method.ranpac_m={m!r} must be an integer >= 0 (0: no random projection)."]
+        return []
+
+    def trains_task(self, task: int) -> bool:
+        """Task 0 only (first-session adaptation), and only with a PEFT module to adapt."""
+        return task == 0 and self.cfg.model.peft.kind != "none"
+
+    # -- state -------------------------------------------------------------------------------
+
+    def initial_state(self, num_classes: int) -> Params:
+        """Zero statistics over the run's `num_classes` classes (W is drawn after task 0)."""
+        state = {
+            "gram": jnp.zeros((self.dim, self.dim), jnp.float32),
+            "sums": prototypes.ClassSums.zeros(num_classes, self.dim),  # Q^T and counts
+            "readout": jnp.zeros((num_classes, self.dim), jnp.float32),
+            "ridge": jnp.zeros((), jnp.float32),
+        }
+        if self.m > 0:
+            state["w_rand"] = jnp.zeros((self.width, self.m), jnp.float32)
+        return state
+
+    def init_state(self, trainable: Params) -> Params:
+        return self.initial_state(sum(head.head_sizes(trainable)))
+
+    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
+        return self.init_state(trainable_at(0))
+
+    def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
+        """The cosine classifier's scale, 1 (`CosineLinear.sigma`), added once."""
+        if SCALE in trainable:
+            return trainable
+        return {**trainable, SCALE: jnp.ones((), jnp.float32)}
+
+    # -- the network ---------------------------------------------------------------------------
+
+    def _features(self, net: Network, trainable: Params, frozen: Params, images: jax.Array):
+        params = partition.merge({k: v for k, v in trainable.items() if k != SCALE}, frozen)
+        heads = head.head_sizes(params)
+        return net.apply(params, images, heads)[1]["features"]
+
+    def forward(
+        self,
+        net: Network,
+        trainable: Params,
+        frozen: Params,
+        state: Params,
+        images: jax.Array,
+        task: TaskSpec,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """`s cos(f, w_c)` over every class of the run (inc_net.py L30-47)."""
+        f = self._features(net, trainable, frozen, images)
+        heads = trainable["head"]
+        w = jnp.concatenate([heads[head.task_name(t)]["kernel"] for t in range(len(heads))], 1)
+        return trainable[SCALE] * prototypes.cosine_logits(f, w.T), None
+
+    def predict(
+        self,
+        net: Network,
+        trainable: Params,
+        frozen: Params,
+        state: Params,
+        images: jax.Array,
+        task: TaskSpec,
+    ) -> tuple[dict[str, jax.Array], jax.Array]:
+        """`h W_o^T` over the seen classes (the reference keeps rows `[0, seen)` of W_o)."""
+        h = project(self._features(net, trainable, frozen, images), state.get("w_rand"))
+        logits = mask_unseen(jnp.matmul(h, state["readout"].T, precision=_HI), task)
+        return {"model": softmax_probs(logits)}, logits
+
+    # -- host side: the statistics after each task ----------------------------------------
+
+    def _program(self, name: str, fn: Callable) -> Callable:
+        if name not in self._programs:  # built once per method instance: one compilation
+            self._programs[name] = jax.jit(fn)
+        return self._programs[name]
+
+    def _batch_features(self, trainable, frozen, images):
+        x = augment.test_transform(images, self.cfg.model.image_size, self.cfg.input.normalize)
+        return self._features(Network(self.cfg.model), trainable, frozen, x)
+
+    def task_features(self, ctx: TaskContext, trainable: Params):
+        """The adapted model's features (N, D) and labels (N,) of the task's training images,
+        in the loader's order, gathered on the host (RanPAC.py L102-113)."""
+        step = self._program("features", self._batch_features)
+        feats, labels = [], []
+        for batch in ctx.train_batches():
+            f = step(trainable, ctx.frozen, batch["image"])
+            f, y, mask = (
+                np.asarray(multihost_utils.process_allgather(x, tiled=True))
+                for x in (f, batch["label"], batch["mask"])
+            )
+            feats.append(f[mask.astype(bool)])
+            labels.append(y[mask.astype(bool)])
+        if not feats:
+            raise ValueError("RanPAC: the task has no training images for its statistics.")
+        return np.concatenate(feats).astype(np.float32), np.concatenate(labels).astype(np.int32)
+
+    def end_task(
+        self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
+    ) -> Params:
+        """Draws W after task 0, adds the task's h to G and Q, picks lam, solves W_o."""
+        state = dict(state)
+        if self.m > 0 and task.index == 0:
+            state["w_rand"] = draw_projection(jax.random.fold_in(ctx.key, 0), self.width, self.m)
+        feats, labels = self.task_features(ctx, trainable)
+        order = np.asarray(jax.random.permutation(jax.random.fold_in(ctx.key, 1), len(labels)))
+        chunk = max(int(self.cfg.eval.batch_size), 1)
+        return self.update(state, feats[order], labels[order], chunk)
+
+    def update(self, state: Params, feats: np.ndarray, labels: np.ndarray, chunk: int) -> Params:
+        """The statistics and readout after one task whose features (N, D) and labels are in
+        the order that splits them: rows `[0, floor(0.8 N))` fit, the rest validate."""
+        chex.assert_rank(feats, 2)
+        n = len(labels)
+        n_fit = int(n * FIT_FRACTION)
+        w_rand = state.get("w_rand")
+        zeros = jnp.zeros_like(state["gram"]), jax.tree.map(jnp.zeros_like, state["sums"])
+        acc = self._program("accumulate", _accumulate)
+        sse = self._program("errors", _errors)
+        gram, sums, g_fit, q_fit = state["gram"], state["sums"], *zeros
+        for start, f, y, w in _chunks(feats, labels, chunk):
+            fit = ((start + np.arange(len(y))) < n_fit) & (w > 0)
+            gram, sums, g_fit, q_fit = acc(gram, sums, g_fit, q_fit, w_rand, f, y, w, fit)
+        readouts = self._program("candidates", candidate_readouts)(g_fit, q_fit)
+        errors = np.zeros(len(RIDGES))
+        for start, f, y, w in _chunks(feats, labels, chunk):
+            val = ((start + np.arange(len(y))) >= n_fit) & (w > 0)
+            errors += np.asarray(sse(readouts, w_rand, f, y, val), np.float64)
+        ridge = choose_ridge(errors)
+        readout = self._program("solve", ridge_solve)(gram, sums, jnp.float32(ridge))
+        return {
+            **state,
+            "gram": gram,
+            "sums": sums,
+            "readout": readout,
+            "ridge": jnp.asarray(ridge, jnp.float32),
+        }
+
+    def host_programs(
+        self, trainable: Params, state: Params, frozen: Params, batch, task: int
+    ) -> dict[str, tuple[Callable, tuple, int]]:
+        """The features pass, the G/Q accumulation and the validation errors (once per batch of
+        the task's training images), the 17 candidate solves and the final solve (once per task;
+        `passes` counts per batch, so the plan over-counts their calls by the task's number of
+        batches; XLA's cost analysis does not count the LU solves' FLOPs: ~18 x 2/3 M^3 a task)."""
+        b = batch["image"].shape[0]
+        f = jnp.zeros((b, self.width), jnp.float32)
+        y = jnp.zeros((b,), jnp.int32)
+        w = jnp.ones((b,), jnp.float32)
+        fit = jnp.ones((b,), bool)
+        w_rand = state.get("w_rand")
+        g, q = state["gram"], state["sums"]
+        cands = jnp.zeros((len(RIDGES), *state["readout"].shape), jnp.float32)
+        return {
+            "features": (self._batch_features, (trainable, frozen, batch["image"]), 1),
+            "accumulate": (_accumulate, (g, q, g, q, w_rand, f, y, w, fit), 1),
+            "errors": (_errors, (cands, w_rand, f, y, w), 1),
+            "candidates": (candidate_readouts, (g, q), 1),
+            "solve": (ridge_solve, (g, q, jnp.float32(1.0)), 1),
+        }
+
+
+def _accumulate(gram, sums, g_fit, q_fit, w_rand, f, y, w, fit):
+    """One chunk into the run's G, Q (every row) and the task's fit part (rows `fit`)."""
+    h = project(f, w_rand)
+    fit_w = w * fit.astype(jnp.float32)
+    gram, sums = gram_update(gram, h, w), sums.add(h, y, w > 0)
+    g_fit, q_fit = gram_update(g_fit, h, fit_w), q_fit.add(h, y, fit_w > 0)
+    return gram, sums, g_fit, q_fit
+
+
+def _errors(readouts, w_rand, f, y, w):
+    return squared_errors(readouts, project(f, w_rand), y, w)
+
+
+def _chunks(feats: np.ndarray, labels: np.ndarray, size: int):
+    """`(start, features (size, D), labels (size,), weight (size,))`, zero-padded to `size`."""
+    for start in range(0, len(labels), size):
+        f, y = feats[start : start + size], labels[start : start + size]
+        pad = size - len(y)
+        w = np.concatenate([np.ones(len(y), np.float32), np.zeros(pad, np.float32)])
+        yield (
+            start,
+            np.pad(f, ((0, pad), (0, 0))),
+            np.pad(y, (0, pad)),
+            w,
+        )

@@ -1,0 +1,131 @@
+"""RanPAC (methods/ranpac.py): the ridge machinery against a numpy reference, the first-session
+adaptation (task 0 only), end-to-end runs and resume. The official-code comparison is
+tests/test_official_ranpac.py."""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tiny import tiny_config
+
+from aepg_jax.continual import trainer
+from aepg_jax.methods import prototypes, ranpac
+from aepg_jax.methods.base import peft_of
+
+
+def _numpy_reference(h, y, num_classes, n_fit):
+    """RanPAC.py L116-150 in float64 numpy: lambda by the held-out MSE, then the readout."""
+    onehot = np.eye(num_classes)[y]
+    g_fit, q_fit = h[:n_fit].T @ h[:n_fit], h[:n_fit].T @ onehot[:n_fit]
+    losses = []
+    for lam in ranpac.RIDGES:
+        w = np.linalg.solve(g_fit + lam * np.eye(len(g_fit)), q_fit).T
+        losses.append(np.mean((h[n_fit:] @ w.T - onehot[n_fit:]) ** 2))
+    lam = ranpac.RIDGES[int(np.argmin(losses))]
+    return lam, np.linalg.solve(h.T @ h + lam * np.eye(h.shape[1]), h.T @ onehot).T
+
+
+def _method(m):
+    cfg = tiny_config(
+        pathlib.Path("/nonexistent"), **{"method.name": "ranpac", "method.ranpac_m": m}
+    )
+    return ranpac.RanPAC(cfg)
+
+
+@pytest.mark.parametrize("m", [pytest.param(0, marks=pytest.mark.slow), 24])
+def test_update_equals_the_official_formulas_for_any_chunking(m):
+    rng = np.random.default_rng(0)
+    num_classes, n, width = 4, 50, 8
+    centers = rng.normal(0, 1, (num_classes, width))
+    y = rng.integers(0, 3, n).astype(np.int32)  # class 3 unseen
+    feats = (centers[y] + rng.normal(0, 1.5, (n, width))).astype(np.float32)
+    method = _method(m)
+    method.width, method.dim = width, (m or width)
+    state = method.initial_state(num_classes)
+    if m:
+        state["w_rand"] = ranpac.draw_projection(jax.random.key(1), width, m)
+    out = [method.update(state, feats, y, chunk) for chunk in (7, 64)]
+    h = np.asarray(ranpac.project(jnp.asarray(feats), state.get("w_rand")), np.float64)
+    lam, readout = _numpy_reference(h, y, num_classes, int(0.8 * n))
+    for o in out:
+        assert float(o["ridge"]) == lam
+        np.testing.assert_allclose(o["gram"], h.T @ h, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(o["readout"], readout, atol=2e-4 * np.abs(readout).max())
+        np.testing.assert_array_equal(o["sums"].counts, np.bincount(y, minlength=num_classes))
+    # Another task adds to G and Q: two tasks equal one of their concatenation.
+    second = method.update(out[0], feats[::-1], y[::-1], 7)
+    np.testing.assert_allclose(second["gram"], 2 * h.T @ h, rtol=1e-5, atol=1e-4)
+
+
+def test_first_session_logits_are_a_scaled_cosine_and_the_check_names_the_field():
+    f = jnp.asarray([[3.0, 4.0]])
+    w = jnp.asarray([[1.0, 0.0], [0.0, 2.0]]).T
+    np.testing.assert_allclose(2.0 * prototypes.cosine_logits(f, w.T), [[1.2, 1.6]], rtol=1e-6)
+    cfg = tiny_config(
+        pathlib.Path("/nonexistent"), **{"method.name": "ranpac", "method.ranpac_m": -1}
+    )
+    assert "method.ranpac_m" in ranpac.RanPAC.check(cfg)[0]
+    assert not ranpac.RanPAC(cfg).trains_task(1) and ranpac.RanPAC(cfg).trains_task(0)
+
+
+def _config(tmp_path, **overrides):
+    base = {"method.name": "ranpac", "method.ranpac_m": 48, "data.num_tasks": 2}
+    return tiny_config(tmp_path / "cache", **{**base, **overrides})
+
+
+def _record_end_states(monkeypatch):
+    seen = []
+    end_task = ranpac.RanPAC.end_task
+
+    def recorded(self, task, trainable, state, ctx):
+        out = end_task(self, task, trainable, state, ctx)
+        seen.append((task.index, jax.tree.map(np.asarray, peft_of(trainable)), out))
+        return out
+
+    monkeypatch.setattr(ranpac.RanPAC, "end_task", recorded)
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["aepg", "ce"])
+def test_runs_end_to_end_adapting_on_task_0_only(tmp_path, monkeypatch, loss):
+    seen = _record_end_states(monkeypatch)
+    results = trainer.run(_config(tmp_path, **{"loss.name": loss}), str(tmp_path / "run"))
+    assert np.isfinite(results["A_T"]) and len(results["accuracy_matrix"]) == 2
+    (_, peft0, s0), (_, peft1, s1) = seen
+    # Task 1 trains nothing: the PEFT is the one task 0 adapted; W is drawn once.
+    jax.tree.map(np.testing.assert_array_equal, peft0, peft1)
+    np.testing.assert_array_equal(s0["w_rand"], s1["w_rand"])
+    assert np.any(s0["w_rand"]) and np.all(np.asarray(s1["sums"].counts) > 0)
+
+
+@pytest.mark.slow  # three runs
+def test_interrupted_statistics_pass_resumes_to_the_same_results(tmp_path, monkeypatch):
+    cfg = _config(tmp_path, max_steps_per_task=3)
+    straight = trainer.run(cfg, str(tmp_path / "straight"))
+    features = ranpac.RanPAC.task_features
+    calls = []
+
+    def crash_in_task_1(self, ctx, trainable):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("killed in the statistics pass")
+        return features(self, ctx, trainable)
+
+    monkeypatch.setattr(ranpac.RanPAC, "task_features", crash_in_task_1)
+    with pytest.raises(RuntimeError, match="killed"):
+        trainer.run(cfg, str(tmp_path / "killed"))
+    monkeypatch.undo()
+    resumed = trainer.run(cfg, str(tmp_path / "killed"))
+    assert resumed["accuracy_matrix"] == straight["accuracy_matrix"]
+    assert resumed["entropy"] == pytest.approx(straight["entropy"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_domain_scenario_runs(tmp_path):
+    domain = {"data.source": "digits_domains", "data.scenario": "domain", "data.num_tasks": 4}
+    cfg = _config(tmp_path, **domain, max_steps_per_task=3)
+    results = trainer.run(cfg, str(tmp_path / "run"))
+    assert np.isfinite(results["A_T"]) and len(results["accuracy_matrix"]) == 4
