@@ -190,8 +190,10 @@ class Method:
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The method's own jitted programs, as its host hooks call them for one seed at task
         `task`: `{name: (fn, args, passes)}`, `fn(*args)` run on each evaluation-sized batch of
-        the task's training images (`batch`), `passes` times per task and seed. For planning
-        (`aepg_jax.plan` compiles them for accelerators); `{}`: none."""
+        the task's training images (`batch`), `passes` times per task and seed; `fn` is the
+        jitted function the hooks call, so that the fit check's compilation is theirs. For
+        planning (`aepg_jax.plan` compiles them for accelerators) and the fit check; `{}`:
+        none."""
         return {}
 
     # -- inside the jitted train step ---------------------------------------------------------

@@ -7,14 +7,22 @@
         ...
     counter.summary()  # {"count": n, "seconds": s, "programs": {name: count}}
 
-Small eager ops compile too (e.g. `jnp.copy` on the host); `summary` counts every program.
+Small eager ops compile too (e.g. `jnp.copy` on the host); `summary` counts every program. A
+program found in the persistent compilation cache (`system/xla_cache.py`) is not compiled and
+not counted.
+
+`Once` compiles a jitted program ahead of time, once, and keeps the executable: the trainer's
+programs are `Once`s, so the fit check measures the very executables that training runs.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
+from typing import Any
 
+import jax
 from jax import monitoring
 
 EVENT = "/jax/core/compile/backend_compile_duration"
@@ -75,3 +83,22 @@ class Counter:
     def line(self) -> str:
         """One line for the end of a run."""
         return f"compilations  {self.count} programs, {self.seconds:.1f} s compiling"
+
+
+class Once:
+    """A jitted program compiled once, ahead of time: `compile(*args)` lowers and compiles it
+    for the shapes and shardings of `args` (`jit(fn).lower(*args).compile()`) and keeps the
+    executable, whose `memory_analysis()` the fit check reads; a call runs that executable.
+    Every later call must have the first's shapes (the run's programs do: run-static shapes)."""
+
+    def __init__(self, fn: Callable, donate_argnums: tuple[int, ...] = ()) -> None:
+        self.jitted = jax.jit(fn, donate_argnums=donate_argnums)
+        self.executable: jax.stages.Compiled | None = None
+
+    def compile(self, *args: Any) -> jax.stages.Compiled:
+        if self.executable is None:
+            self.executable = self.jitted.lower(*args).compile()
+        return self.executable
+
+    def __call__(self, *args: Any) -> Any:
+        return self.compile(*args)(*args)
