@@ -374,7 +374,9 @@ def _step_chunks(run: Run, train: Callable, t: int, plan: TaskPlan, state, step:
                 return
 
 
-def _scanned_chunks(run: Run, programs: Programs, t: int, plan: TaskPlan, state, step: int) -> Chunks:
+def _scanned_chunks(
+    run: Run, programs: Programs, t: int, plan: TaskPlan, state, step: int
+) -> Chunks:
     """`optim.steps_per_call` steps per call (`scanned_steps_fn`), the task's training data
     resident on the device, padded with zeros to the largest task's size (the rows never read
     the padding; one program serves every task); batches in the loader's order (per seed).
