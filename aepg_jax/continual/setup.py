@@ -33,6 +33,7 @@ from aepg_jax.models import head, partition, vit
 from aepg_jax.pretraining import pretrain
 from aepg_jax.runs import checkpointing, seeds
 from aepg_jax.runs.seeds import SeedAxis
+from aepg_jax.system import compiles
 
 Params = dict[str, Any]
 
@@ -340,17 +341,19 @@ def _program(run: Run, name: str, make: Callable[[], Callable]) -> Callable:
     return run.state_programs[name]
 
 
-def _on_seeds(run: Run, fn: Callable, name: str, in_axes: Any = 0) -> Callable:
-    """jit of `fn(key, *trees)` of one seed over every seed, named `name`: called with the
-    seeds' base keys and the run's trees (stacked when `num_seeds > 1`; committed to the run's
-    devices, so that every call has the first's shardings), the keys stacked inside."""
+def _on_seeds(run: Run, fn: Callable, name: str, in_axes: Any = 0, draws: bool = False) -> Callable:
+    """jit of `fn(key, *trees)` of one seed over every seed, named `name`, compiled once: called
+    with the seeds' base keys and the run's trees (stacked when `num_seeds > 1`; committed to
+    the run's devices, so that every call has the first's shardings), the keys stacked inside.
+    `draws`: it draws random values, which it must draw as op-by-op dispatch would
+    (`compiles.EAGER_NUMERICS`)."""
     lifted = run.axis.lift(fn, in_axes)
 
     def over_seeds(keys, *trees):
         return lifted(run.axis.stack(list(keys)), *trees)
 
     over_seeds.__name__ = over_seeds.__qualname__ = name
-    program = jax.jit(over_seeds)
+    program = compiles.Once(over_seeds, compiler_options=compiles.EAGER_NUMERICS if draws else None)
     return lambda keys, *trees: program(keys, *jax.device_put(trees, run.replicated))
 
 
@@ -371,7 +374,7 @@ def with_heads(run: Run, trainable: Params) -> Params:
             tree = head.grow(tree, jax.random.fold_in(key, 1000 + t), n, width, init)
         return tree
 
-    return _program(run, "with_heads", lambda: _on_seeds(run, one_seed, "with_heads"))(
+    return _program(run, "with_heads", lambda: _on_seeds(run, one_seed, "with_heads", draws=True))(
         run.keys, trainable
     )
 
@@ -390,7 +393,7 @@ def grow(run: Run, trainable: Params, task: int) -> Params:
         return run.method.grow(task, tree, jax.random.fold_in(key, 2000 + task))
 
     name = f"grow_task_{task}"
-    program = _program(run, name, lambda: _on_seeds(run, one_seed, name))
+    program = _program(run, name, lambda: _on_seeds(run, one_seed, name, draws=True))
     return program(run.keys, trainable)
 
 

@@ -21,6 +21,7 @@ A cached executable is the one XLA compiled: the results are the same with and w
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 ENV = "AEPG_COMPILE_CACHE"
@@ -49,5 +50,7 @@ def enable(path: str | None) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     # A size limit turns on the LRU eviction, whose file lock also serialises every read and
-    # write: a process never reads an entry another one is still writing.
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    # write: a process never reads an entry another one is still writing (jax needs the
+    # `filelock` package for it, a dependency of aepg_jax).
+    if importlib.util.find_spec("filelock") is not None:
+        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
