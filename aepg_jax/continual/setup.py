@@ -342,22 +342,22 @@ def _program(run: Run, name: str, make: Callable[[], Callable]) -> Callable:
 
 
 def _on_seeds(run: Run, fn: Callable, name: str, in_axes: Any = 0, draws: bool = False) -> Callable:
-    """jit of `fn(key, *trees)` of one seed over every seed, named `name`, compiled once: called
-    with the seeds' base keys and the run's trees (stacked when `num_seeds > 1`; committed to
-    the run's devices, so that every call has the first's shardings), the keys stacked inside.
-    `draws`: it draws random values, which it must draw as op-by-op dispatch would
-    (`compiles.EAGER_NUMERICS`)."""
+    """jit of `fn(key, *trees)` of one seed over every seed, named `name`, made once per run
+    (`_program`), so compiled once: called with the seeds' base keys and the run's trees
+    (stacked when `num_seeds > 1`; committed to the run's devices, so that every call has the
+    first's shardings), the keys stacked inside. `draws`: it draws random values, which it
+    must draw as op-by-op dispatch would (`compiles.EAGER_NUMERICS`)."""
     lifted = run.axis.lift(fn, in_axes)
 
     def over_seeds(keys, *trees):
         return lifted(run.axis.stack(list(keys)), *trees)
 
     over_seeds.__name__ = over_seeds.__qualname__ = name
-    program = compiles.Once(over_seeds, compiler_options=compiles.EAGER_NUMERICS if draws else None)
+    program = jax.jit(over_seeds, compiler_options=compiles.EAGER_NUMERICS if draws else None)
     return lambda keys, *trees: program(keys, *jax.device_put(trees, run.replicated))
 
 
-def _overrides(method: methods.Method, hook: str) -> bool:
+def overrides(method: methods.Method, hook: str) -> bool:
     """Whether `method` has its own `hook` (the base's does nothing: no program to run)."""
     return getattr(type(method), hook) is not getattr(methods.Method, hook)
 
@@ -383,7 +383,7 @@ def grow(run: Run, trainable: Params, task: int) -> Params:
     """Adds the method's own task leaves of task `task` to every seed's tree (the heads are
     there from the start, `with_heads`): one jitted program per task, or the method's hook on
     the host where it computes there (`Method.grows_on_host`)."""
-    if not _overrides(run.method, "grow"):
+    if not overrides(run.method, "grow"):
         return trainable
     if run.method.grows_on_host:
         keys = [jax.random.fold_in(key, 2000 + task) for key in run.keys]
@@ -414,7 +414,7 @@ def initial_method_state(run: Run) -> Params:
     """Every seed's method state before task 0 (`Method.init_state` of task 0's tree), one
     program for every seed."""
     trainable = trainable_for(run, 0)
-    if not _overrides(run.method, "init_state"):
+    if not overrides(run.method, "init_state"):
         return run.axis.stack([run.method.init_state(tr) for tr in run.axis.unstack(trainable)])
 
     def one_seed(key: jax.Array, tree: Params) -> Params:

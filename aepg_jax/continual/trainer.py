@@ -141,17 +141,21 @@ def begin_task(run: Run, t: int, state: TrainState | None) -> TrainState:
     else:
         trainable, method_state = state.trainable, state.method_state
         global_step = run.axis.first(state.global_step)
-    pairs = [
-        run.method.begin_task(spec, tr, ms, task_context(run, t, i))
-        for i, (tr, ms) in enumerate(_per_seed(run, trainable, method_state))
-    ]
-    trainable = setup.grow(run, run.axis.stack([p[0] for p in pairs]), t)
-    method_state = run.axis.stack([p[1] for p in pairs])
+    if setup.overrides(run.method, "begin_task"):  # else nothing to unstack and restack
+        pairs = [
+            run.method.begin_task(spec, tr, ms, task_context(run, t, i))
+            for i, (tr, ms) in enumerate(_per_seed(run, trainable, method_state))
+        ]
+        trainable = run.axis.stack([p[0] for p in pairs])
+        method_state = run.axis.stack([p[1] for p in pairs])
+    trainable = setup.grow(run, trainable, t)
     return setup.fresh_state(run, trainable, method_state, global_step)
 
 
 def end_task(run: Run, t: int, state: TrainState) -> TrainState:
     """Applies the method's end hook to every seed."""
+    if not setup.overrides(run.method, "end_task"):
+        return state
     spec = task_spec(run, t)
     method_state = run.axis.stack(
         [
