@@ -228,23 +228,22 @@ def initial_trees_all(
     cfg: ml_collections.ConfigDict, keys: tuple[jax.Array, ...], mesh
 ) -> tuple[list[Params], list[Params]]:
     """Every seed's fresh PEFT, and the backbones: one per seed for `model.init=random`, else
-    the one loaded (or pretrained) backbone. The random initialisation is one jitted program
-    for every seed (op by op it would compile each of its operations); for a loaded backbone
-    the program draws the PEFT alone (XLA drops the unused random backbone)."""
+    the one loaded (or pretrained) backbone. For a loaded backbone the PEFT is drawn by one
+    jitted program for every seed (XLA drops the unused random backbone; op by op, each
+    operation of the initialisation would compile on its own). A random backbone is drawn op
+    by op: a jitted draw of the whole tree rounds some of its scaled normal draws differently."""
+    if cfg.model.init == "random":
+        pairs = [initial_trees(cfg, key, mesh) for key in keys]
+        return [p for p, _ in pairs], [b for _, b in pairs]
 
     def random_trees(key: jax.Array) -> tuple[Params, Params]:
         params = vit.init_params(cfg.model, jax.random.fold_in(key, 0))  # `initial_params`'
         return partition.split(params, partition.label_params(params), partition.TRAINABLE)
 
-    if cfg.model.init == "random":
-        draw = jax.jit(random_trees)  # jit(random_trees) in JAX_LOG_COMPILES
-        pairs = [draw(key) for key in keys]
-        return [p for p, _ in pairs], [b for _, b in pairs]
-
     def initial_peft(key: jax.Array) -> Params:
         return random_trees(key)[0]
 
-    draw_peft = jax.jit(initial_peft)
+    draw_peft = jax.jit(initial_peft, compiler_options=compiles.EAGER_NUMERICS)
     peft = [draw_peft(key) for key in keys]
     shapes = jax.eval_shape(lambda key: random_trees(key)[1], keys[0])
     params = partition.merge(peft[0], shapes)
