@@ -2,13 +2,15 @@
 
     run(cfg, workdir)
       build            the data cut into tasks, every seed's backbone and fresh PEFT, the
-                       method (`setup.build`), then the run's jitted programs (`build_programs`:
-                       the train step, its `lax.scan` over device-resident data, the evaluation)
+                       method (`setup.build`), then the run's programs (`build_programs`: the
+                       train step, its `lax.scan` over device-resident data, the evaluation),
+                       each compiled once, at its first use
       restore          the newest checkpoint of `<workdir>/checkpoints`, if any (`restore`)
       for each task t:
         begin_task     the method's begin hook (e.g. LwF's frozen copy), its task leaves, a
                        fresh optimizer state
-        fit check      once, before this process's first step: does the step fit the device?
+        fit check      once, before this process's first step: compiles the programs and
+                       reads their memory analysis: do they fit the device?
         train_task     the step loop: `optim.epochs` epochs (the last `max_steps_per_task`
                        capped), the alpha schedule restarting per task, PEFT frozen for the first
                        `optim.peft_freeze_epochs` epochs of tasks >= 1; logging every
@@ -75,8 +77,9 @@ class TaskPlan:
 
 
 def plan_task(cfg: ml_collections.ConfigDict, task: splits.Task) -> TaskPlan:
-    """`epochs * floor(examples / batch)` steps (capped by `max_steps_per_task`), the first
-    `total * peft_freeze_epochs / epochs` of them head-only for tasks >= 1."""
+    """`epochs * floor(examples / batch)` steps (capped by `max_steps_per_task`; none on a task
+    the method does not train), the first `total * peft_freeze_epochs / epochs` of them
+    head-only for tasks >= 1."""
     o = cfg.optim
     per_epoch = loader.num_batches(len(task.train_indices), o.batch_size, drop_last=True)
     if per_epoch == 0:
@@ -85,6 +88,8 @@ def plan_task(cfg: ml_collections.ConfigDict, task: splits.Task) -> TaskPlan:
             f"optim.batch_size={o.batch_size}; lower the batch size or use fewer tasks."
         )
     total = o.epochs * per_epoch
+    if not methods.get(cfg.method.name)(cfg).trains_task(task.index):
+        total = 0
     if cfg.max_steps_per_task:
         total = min(total, cfg.max_steps_per_task)
     freeze = int(total * o.peft_freeze_epochs / o.epochs) if task.index >= 1 else 0
@@ -277,10 +282,11 @@ def scanned_program(run: Run, programs: Programs, key: int | None, k: int) -> co
 
 
 def largest_task(run: Run) -> int:
-    """The task with the most training examples (the first of them): the scanned program holds
-    every task's data padded to its size."""
-    sizes = [len(task.train_indices) for task in run.data.tasks.tasks]
-    return sizes.index(max(sizes))
+    """The trained task with the most training examples (the first of them): the scanned
+    program holds every task's data padded to its size."""
+    tasks = run.data.tasks.tasks
+    trained = _trained_from(run, 0) or [0]
+    return max(trained, key=lambda i: len(tasks[i].train_indices))
 
 
 def run_step_fn(run: Run, t: int, phase: bool | None = None) -> Callable:
@@ -564,6 +570,12 @@ def train_task(
     return state
 
 
+def _trained_from(run: Run, t: int) -> list[int]:
+    """The tasks from `t` on that have optimizer steps."""
+    tasks = run.data.tasks.tasks
+    return [i for i in range(t, run.num_tasks) if plan_task(run.cfg, tasks[i]).total_steps]
+
+
 def _scanned_fit_program(
     run: Run, programs: Programs, t: int, state: TrainState
 ) -> tuple[str, fit.Program]:
@@ -592,10 +604,11 @@ def _scanned_fit_program(
 
 def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
     """`fit.check` of every program tasks `t`.. run, compiled here for training to run (each
-    once: `Programs`): the train step on task `t`'s first batch (its shapes are those of every
-    task), or with `optim.steps_per_call > 1` the scanned program holding the largest task's
-    data on the device; the evaluation; the method's own passes (`AEPG_FIT_CHECK=0` skips:
-    the programs then compile at their first call)."""
+    once: `Programs`): the train step on the first trained task's first batch (its shapes are
+    those of every task), or with `optim.steps_per_call > 1` the scanned program holding the
+    largest task's data on the device (neither when no task from `t` on trains); the
+    evaluation; the method's own passes (`AEPG_FIT_CHECK=0` skips: the programs then compile
+    at their first call)."""
     if not fit.enabled():
         return
     cfg = run.cfg
@@ -610,21 +623,22 @@ def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
     eval_batch = next(iter(test))
     spec = task_spec(run, t).traced()
     eval_args = (state.trainable, state.method_state, run.frozen, eval_batch, spec, spec)
-    if cfg.optim.steps_per_call > 1:
-        train_name, train = _scanned_fit_program(run, programs, t, state)
-    else:
-        batch = next(train_batches(run, t, epoch=0))
-        compiled = programs.train[static_key(run, t)].compile(
-            state, run.frozen, batch, *task_args(run, t)
-        )
-        train_name = "the train step"
-        train = fit.Program(compiled, "optim.batch_size", cfg.optim.batch_size)
     checked = {
-        train_name: train,
         "the evaluation": fit.Program(
             programs.evaluate.compile(*eval_args), "eval.batch_size", cfg.eval.batch_size
         ),
     }
+    trained = _trained_from(run, t)
+    if trained and cfg.optim.steps_per_call > 1:
+        train_name, train = _scanned_fit_program(run, programs, t, state)
+        checked[train_name] = train
+    elif trained:
+        first = trained[0]
+        batch = next(train_batches(run, first, epoch=0))
+        compiled = programs.train[static_key(run, first)].compile(
+            state, run.frozen, batch, *task_args(run, first)
+        )
+        checked["the train step"] = fit.Program(compiled, "optim.batch_size", cfg.optim.batch_size)
     one = run.axis.unstack(state.trainable)[0], run.axis.unstack(state.method_state)[0]
     hosted = run.method.host_programs(*one, run.frozen_of(0), eval_batch, t)
     for name, (fn, args, _passes) in hosted.items():
