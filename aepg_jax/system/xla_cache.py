@@ -4,14 +4,13 @@ next run that compiles the same program (same code, shapes, devices and jax vers
 `enable(path)` turns it on for this process before anything compiles; `aepg_jax.main`, the
 sweep and the planner call it with `directory(...)`:
 
-- where: `compile_cache` of the config [~/.cache/aepg_jax/xla, beside the data caches], or
-  the sweep's and the planner's `--compile_cache`; the environment variable
-  `AEPG_COMPILE_CACHE` overrides both: a directory moves it, `0` (or an empty value) turns it
-  off, as does `compile_cache=""`;
+- where: `compile_cache` of the config [~/.cache/aepg_jax/xla, beside the data caches] (of
+  `aepg_jax.main` and `aepg_jax.plan`), or the sweep's `--compile_cache`; the environment
+  variable `AEPG_COMPILE_CACHE` overrides both: a directory moves it, `0` (or an empty value)
+  turns it off, as does `compile_cache=""`;
 - what: every program, the smallest included (no minimum compile time or entry size: the many
-  small programs of a run start add up to seconds);
-- size: at most `MAX_BYTES` (2 GiB), the least recently used entries evicted beyond it; the
-  embedded default's programs take about 2 MB;
+  small programs of a run start add up to seconds); the embedded default's take 0.6 MB;
+- size: at most `MAX_BYTES` (2 GiB), the least recently used entries evicted beyond it;
 - shared: reads and writes take the directory's file lock (the eviction's), so the processes
   of one run, the workers of a sweep and separate runs may share one directory; in a
   multi-process run only process 0 writes (jax's rule), every process reads.
