@@ -59,8 +59,8 @@ def main(argv: list[str]) -> None:
     if any(v is not None for v in given) and not all(v is not None for v in given):
         cli.fail("--num_train, --num_test and --num_classes go together; give all three.")
     sizes = given if all(v is not None for v in given) else None
-    # The config's persistent compilation cache, as `aepg_jax.main`'s: a second plan of the
-    # same programs for the same targets reads them back instead of compiling them.
+    # The config's persistent compilation cache, as `aepg_jax.main`'s: it keeps the host's
+    # programs (jax reads no compile-only TPU/GPU executable back).
     xla_cache.enable(xla_cache.directory(_CONFIG.value.get("compile_cache", xla_cache.DEFAULT)))
     try:
         problem = report.plan(_CONFIG.value, _TARGETS.value, sizes, _MAX_BATCH.value, sys.stdout)
