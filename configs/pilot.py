@@ -33,10 +33,12 @@ CenterCrop(224), as PILOT's. Weights: the augreg `B_16-i21k-300ep-...-res_224.np
 
     CKPT=/path/to/B_16-i21k-300ep-...-res_224.npz
 
-The baselines' runs of this config are data (`aepg_jax/experiments/baselines.py`, experiment
-`pilot`); list them with their `aepg_jax.main` commands:
+The baselines' runs of this config are data (`aepg_jax/experiments/baselines.py`, experiments
+`pilot`, `aper`, `ease`); list them with their `aepg_jax.main` commands:
 
     python -m aepg_jax.sweep --experiment=pilot --where=config=pilot --list
+    python -m aepg_jax.sweep --experiment=aper --where=config=pilot --list
+    python -m aepg_jax.sweep --experiment=ease --where=config=pilot --list
 
 One of them:
 

@@ -2,6 +2,10 @@
 # Creates ./.venv (if missing) and installs aepg_jax into it in editable mode.
 # Usage: bash scripts/install.sh [EXTRAS]   e.g. `test` for pytest and ruff, `hub` for hf-hub: ids.
 #
+# `browser` is no Python package: Debian's `chromium` (apt-get, as root) where none is on PATH,
+# for the slow test that renders a sweep's report page in headless Chromium
+# (tests/test_report.py); `bash scripts/install.sh test,browser` installs both.
+#
 # `aot` (the planner's libtpu and CUDA 13 plugin) goes into ./.venv-aot instead, a venv of its own:
 # its plugins load into every jax process, so training's .venv must never have them;
 # `python -m aepg_jax.plan` re-executes itself there for TPU/GPU targets (plan/aot_env.py).
@@ -15,6 +19,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 extras=${1:-}
+if [[ ",$extras," == *",browser,"* ]]; then
+  extras=$(echo "$extras" | tr ',' '\n' | grep -vx browser | paste -sd, - || true)
+  if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+      echo "error: chromium is missing and this is not root with apt-get: install Debian's" \
+        "chromium package (apt-get install chromium), then run this again." >&2
+      exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq chromium >/dev/null
+  fi
+fi
 venv=.venv
 if [[ ",$extras," == *",aot,"* ]]; then
   venv=.venv-aot

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "aepg_jax"
-COMMANDS = ("main", "sweep", "tables", "plan", "prepare", "launch")
+COMMANDS = ("main", "sweep", "tables", "plan", "prepare", "launch", "evaluate")
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -89,7 +89,7 @@ LAYERS = (
     ("checkpoints", "methods"),
     ("config",),
     ("runs", "continual", "scratch", "pretraining", "plan"),
-    ("main",),
+    ("main", "evaluate"),
     ("experiments", "sweep", "tables"),
 )
 

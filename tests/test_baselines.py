@@ -173,3 +173,78 @@ def test_a_demo_run_goes_through_sweep_and_tables(tmp_path, capsys):
     l2p = next(line for line in out.splitlines() if line.startswith("| L2P++"))
     assert f"{results['A_T']:.1f} (1/2 done)" in l2p  # seed 1 not run
     assert "0/2 done" in next(line for line in out.splitlines() if line.startswith("| CODA-P"))
+
+
+# ------------------------------------------------------------- APER and the prototype demos
+PROTOTYPE_NAMES = ("aper", "prototypes_demo")
+
+
+@pytest.mark.parametrize("name", PROTOTYPE_NAMES)
+def test_prototype_experiments_list_their_runs_and_every_cell_selects_runs(name, tmp_path, capsys):
+    test_list_prints_every_run_with_its_command(name, tmp_path, capsys)
+    test_every_cell_selects_runs_and_published_values_parse(name)
+
+
+def test_aper_runs_validate_with_the_official_settings():
+    """Every run validates with its overrides; APER's train task 0 with its code's SGD, cosine
+    annealing and AdaptFormer adapters on every block, in both losses; SimpleCIL runs once."""
+    runs = registry.get("aper").runs()
+    losses = {}
+    for run in runs:
+        unit = layout.Unit((run,))
+        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
+        validate(cfg)
+        for field, value in run.overrides:
+            got = get(cfg, field)
+            assert str(got).replace(" ", "") == value or float(got) == _typed(value), (run, field)
+        assert cfg.input.normalize == "none"
+        assert cfg.model.weights == "vit_base_patch16_224.augreg_in21k"
+        vtab = run.value("dataset") == "vtab"
+        assert cfg.data.class_order_seed == (None if vtab else 1993)
+        losses.setdefault(cfg.method.name, set()).add(cfg.loss.name)
+        if cfg.method.name == "aper":
+            assert (cfg.optim.optimizer, cfg.optim.lr_schedule) == ("sgd", "cosine_annealing")
+            p = cfg.model.peft
+            assert (p.kind, p.adapter_style, p.adapter_dim) == ("adapter", "ffn", 64)
+            assert tuple(p.blocks) == tuple(range(12))
+    assert losses == {"simplecil": {"ce"}, "aper": {"ce", "aepg"}}
+    assert sum(r.value("method") == "simplecil" for r in runs) == 7
+
+
+def test_aper_published_rows_hold_an_average_at_least_the_final_accuracy():
+    (table,) = registry.get("aper").tables
+    for row in table.rows:
+        values = [table.published(row, c) for c in table.columns]
+        for average, final in zip(values[::2], values[1::2], strict=True):
+            assert (final is None) == (average is None)
+            assert final is None or average.mean >= final.mean, row.label
+
+
+# ---------------------------------------------------------------------------------- EASE
+def test_ease_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
+    """`ease`: every run lists with its command, builds and validates with the official configs'
+    settings in place (the IN-21K weights, epochs, batch, adapter width, alpha), CE and aEPG
+    runs of one grid, and every table cell selects runs; the CE row holds EASE's cells."""
+    e = registry.get("ease")
+    runs = e.runs()
+    assert sweep.main(["--experiment=ease", f"--workdir={tmp_path}", "--list"]) == 0
+    commands = [c for c in capsys.readouterr().out.splitlines() if " -m aepg_jax.main " in c]
+    assert len(commands) == len(runs) == 6 * 2 * 5
+    losses = set()
+    for run in runs:
+        unit = layout.Unit((run,))
+        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
+        validate(cfg)
+        for field, value in run.overrides:
+            got = get(cfg, field)
+            assert (got if isinstance(got, str) else float(got)) == _typed(value), (run, field)
+        assert cfg.method.name == "ease" and cfg.optim.peft_freeze_epochs == 0
+        assert cfg.model.weights == baselines.EASE_IN21K
+        losses.add(cfg.loss.name)
+    assert losses == {"ce", "aepg"}
+    (table,) = e.tables
+    for row, col in itertools.product(table.rows, table.columns):
+        assert e.select({**row.where, **col.where}), (row.label, col.label)
+    ce, aepg = table.rows
+    assert len(ce.paper) == len(table.columns) and not aepg.paper
+    assert [table.published(ce, c).mean for c in table.columns[:2]] == [91.51, 85.80]

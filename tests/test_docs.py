@@ -184,7 +184,7 @@ HISTORY_ROOTS = ("aepg_jax", "docs", "scripts", "benchmarks")
 
 def test_every_algorithm_reference_names_an_existing_section():
     sections = algorithm_sections()
-    assert sections == set(range(1, 19)), sorted(sections)
+    assert sections == set(range(1, max(sections) + 1)), sorted(sections)  # contiguous
     bad = [
         f"{p.relative_to(ROOT)}: §{n}"
         for p in text_files(*REFERENCE_ROOTS)

@@ -23,8 +23,9 @@ from aepg_jax import main
 from aepg_jax.config import schema
 from aepg_jax.continual import trainer
 from aepg_jax.data import loader
+from aepg_jax.evaluate import evaluate
 from aepg_jax.pretraining import pretrain
-from aepg_jax.runs import checkpointing
+from aepg_jax.runs import checkpointing, predictions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,8 +72,19 @@ def test_runs_end_to_end(tmp_path, method, loss, peft):
     assert matrix[0, 0] > 100 / 4 + 5  # above chance on task 0's 4 classes after 8 steps
     expected = ["ensemble", "online", "offline"] if method == "lae" else ["model"]
     assert saved["predictors"] == expected
-    for png in ("accuracy_matrix.png", "training_curves.png", "incremental_accuracy.png"):
+    pngs = ("accuracy_matrix.png", "training_curves.png", "incremental_accuracy.png")
+    for png in (*pngs, "reliability.png"):
         assert (workdir / png).read_bytes()[:4] == b"\x89PNG"
+    # Every evaluation's predictions are kept: the metrics recomputed from them alone equal
+    # results.json's; calibration is recorded per predictor after each task.
+    assert saved["predictions"]["sha256"] == predictions.sha256(workdir / predictions.FILE)
+    assert evaluate.main([str(workdir)]) == 0
+    recomputed = json.load(open(workdir / evaluate.OUT_FILE))
+    assert recomputed["differs_from_results"] == []
+    for p in expected:
+        assert recomputed["methods"][p]["A_T"] == saved["methods"][p]["A_T"]
+        assert all(0 <= e <= 100 for e in saved["methods"][p]["ece"])
+        assert all(n > 0 for n in saved["methods"][p]["nll"])
 
     records = _read_jsonl(workdir / "metrics.jsonl")
     train = [r for r in records if r["type"] == "train"]
@@ -235,7 +247,7 @@ def _run_subprocess(cache, workdir, overrides, env=None, wait=True):
 
 
 @pytest.mark.slow  # CI: resume in tests/test_multiseed.py, fallback in test_integrity
-@pytest.mark.parametrize("method", ["lae", "l2p", "dualprompt", "coda_prompt", "inflora"])
+@pytest.mark.parametrize("method", ["lae", "l2p", "dualprompt", "coda_prompt", "inflora", "ease"])
 def test_sigkill_mid_task_then_resume_matches_an_uninterrupted_run(tmp_path, method):
     overrides = {
         # The tiny ViT has 2 blocks: DualPrompt's e-prompts (blocks 2-4 by default) go on block 1.

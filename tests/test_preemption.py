@@ -19,7 +19,7 @@ from test_user_facing import _message_lines
 from tiny import tiny_config, write_spec
 
 from aepg_jax.continual import trainer
-from aepg_jax.runs import checkpointing
+from aepg_jax.runs import checkpointing, predictions
 from aepg_jax.system import preemption
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,6 +101,10 @@ def test_a_stop_signal_checkpoints_the_step_and_the_rerun_resumes_exactly(
     results = json.loads((workdir / "results.json").read_text())
     assert results["accuracy_matrix"] == reference["accuracy_matrix"]
     assert results["A_T"] == reference["A_T"]
+    # The kept predictions too: the same file, byte for byte.
+    straight = tmp_path / "straight" / predictions.FILE
+    assert (workdir / predictions.FILE).read_bytes() == straight.read_bytes()
+    assert results["predictions"] == reference["predictions"]
     steps = [r["step"] for r in _train_records(workdir)]
     assert steps == sorted(set(steps)) == list(range(1, 2 * 150 + 1))  # each step once
 
@@ -139,6 +143,8 @@ def _stop_at_the_last_step_and_resume(workdir, cache, reference: dict, signum: i
     resumed = trainer.run(cfg, work)
     assert resumed["accuracy_matrix"] == reference["accuracy_matrix"]
     assert resumed["A_T"] == reference["A_T"]
+    assert resumed["predictions"] == reference["predictions"]  # the kept predictions' digest
+    assert resumed["methods"]["model"]["ece"] == reference["methods"]["model"]["ece"]
     lines = [json.loads(x) for x in open(os.path.join(work, "metrics.jsonl"))]
     assert [(r["type"], r["step"]) for r in lines if r["type"] == "eval"] == [
         ("eval", 150), ("eval", 300)

@@ -76,16 +76,24 @@ Fields (defaults in brackets):
   optim.batch_size [256]       global batch (a multiple of the device count)
   optim.epochs [50]            epochs per task
   optim.peft_freeze_epochs [30]  head-only epochs at the start of tasks >= 1
-  optim.lr_schedule [constant] constant | cosine_epochs: lr * cos(99 pi k / (200 (E - 1))),
+  optim.lr_schedule [constant] constant | cosine_annealing: lr (1 + cos(pi e / E)) / 2 in epoch
+                               e (torch's CosineAnnealingLR, eta_min 0, stepped per epoch) |
+                               cosine_epochs: lr * cos(99 pi k / (200 (E - 1))),
                                k = max(e - 1, 0), in epoch e = 0..E-1 (CODA-P's and InfLoRA's
                                per-epoch decay, its one-epoch lag kept), counted from each
                                optimizer label's first update in the task
+  optim.optimizer [adam]       adam | sgd (momentum optim.momentum [0.9], torch's: APER's,
+                               RanPAC's and EASE's code); b1 / b2 / eps are Adam's
+  optim.weight_decay [0.0]     > 0: wd * param added to every trainable gradient first (torch's
+                               coupled weight_decay of SGD / Adam, heads included)
   optim.clip_norm [0.0]        > 0: clip the gradient's global norm (over every trainable leaf)
                                to this before Adam, as torch's clip_grad_norm_; 0: off
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
-  method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora
-                               (methods/, one module each)
+  method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora |
+                               simplecil | aper | ease (methods/, one module each; simplecil
+                               and aper have no method.* fields: APER adapts model.peft on
+                               task 0)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
                                decay); LwF lwf_temperature [1.0], lwf_weight [1.0];
@@ -109,7 +117,13 @@ Fields (defaults in brackets):
                                inflora_lamb [0.99] / inflora_lame [1.0] (memory threshold
                                (lame - lamb) t / T + lamb after task t), inflora_memory
                                [dualgpm] (dualgpm: 'remove' / 'retain' bases; gpm: 'remove'
-                               only, as InfLoRA-b5's code); InfLoRA ignores model.peft too
+                               only, as InfLoRA-b5's code); InfLoRA ignores model.peft too;
+                               EASE ease_ffn_num [64] (per-task AdaptFormer adapter width),
+                               ease_alpha [0.1] (other tasks' subspaces' weight, / t),
+                               ease_beta [0.0] (the pretrained subspace's weight),
+                               ease_use_init_ptm [False] (add the pretrained subspace),
+                               ease_reweight [True] (False: one cosine over the concatenated
+                               subspaces); EASE ignores model.peft (docs/methods.md, EASE)
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has
@@ -197,6 +211,9 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         lr_schedule="constant",
         clip_norm=0.0,
         steps_per_call=1,
+        optimizer="adam",
+        momentum=0.9,
+        weight_decay=0.0,
     )
     c.method = dict(name="plain", **methods.defaults())
     c.eval = dict(batch_size=256)

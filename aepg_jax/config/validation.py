@@ -17,7 +17,8 @@ from aepg_jax.models import vit
 
 MODEL_INITS = ("random", "augreg", "pretrained")
 NORMALIZE = augment.NORMALIZE_MODES
-LR_SCHEDULES = ("constant", "cosine_epochs")
+LR_SCHEDULES = ("constant", "cosine_epochs", "cosine_annealing")
+OPTIMIZERS = ("adam", "sgd")
 
 
 def trains_model_peft(cfg: ml_collections.ConfigDict) -> bool:
@@ -154,6 +155,12 @@ def model_problems(cfg: ml_collections.ConfigDict, p: list[str]) -> None:
     positive_ints(
         {f"model.peft.{k}": m.peft[k] for k in ("lora_rank", "adapter_dim", "prefix_length")}, p
     )
+    check(
+        m.peft.get("adapter_style", "attn") in peft_lib.ADAPTER_STYLES,
+        f"model.peft.adapter_style={m.peft.get('adapter_style')!r}: use one of "
+        f"{peft_lib.ADAPTER_STYLES}.",
+        p,
+    )
     bad_blocks = [b for b in m.peft.blocks if not (is_int(b) and 0 <= b < m.depth)]
     check(
         not bad_blocks,
@@ -238,6 +245,21 @@ def training_problems(cfg: ml_collections.ConfigDict, num_devices: int, p: list[
     check(
         o.lr_schedule in LR_SCHEDULES,
         f"optim.lr_schedule={o.lr_schedule!r} is unknown; use one of {', '.join(LR_SCHEDULES)}.",
+        p,
+    )
+    check(
+        o.get("optimizer", "adam") in OPTIMIZERS,
+        f"optim.optimizer={o.optimizer!r} is unknown; use one of {', '.join(OPTIMIZERS)}.",
+        p,
+    )
+    check(
+        0.0 <= o.get("momentum", 0.9) < 1.0,
+        f"optim.momentum={o.get('momentum')} must be in [0, 1).",
+        p,
+    )
+    check(
+        o.get("weight_decay", 0.0) >= 0,
+        f"optim.weight_decay={o.get('weight_decay')} must be >= 0.",
         p,
     )
     check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm} must be >= 0 (0: no clipping).", p)

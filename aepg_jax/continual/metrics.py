@@ -1,4 +1,4 @@
-"""Continual-learning accuracy metrics (docs/algorithm.md §4), pure NumPy.
+"""Continual-learning accuracy and calibration metrics (docs/algorithm.md §4), pure NumPy.
 
 Notation (0-based): `T` tasks; accuracy matrix `a[i, j]` = accuracy on the test set of task `i`
 after learning task `j`, defined for `i <= j` (NaN above the diagonal's complement, `i > j`).
@@ -30,6 +30,22 @@ applies to `a_TI` as well.
 All scalars over tasks are NaN (None in `summary`) where undefined: forgetting and bwt for
 T = 1, or any entry they need not evaluated.
 
+Calibration of the test predictions (`ece`, `nll`, `calibration`): for n test examples with
+confidence `c_i = max_k p_i(k)` (the top probability), correctness `z_i = [argmax_k p_i(k) =
+y_i]`, probability of the true class `p_i(y_i)` and entropy `H_i = -sum_k p_i(k) log p_i(k)`:
+
+    * `ece = sum_m |B_m| / n * |acc(B_m) - conf(B_m)|`   expected calibration error over
+      M = 15 equal-width confidence bins `B_m = {i: c_i in ((m-1)/M, m/M]}`, `acc(B_m)` the
+      bin's mean `z_i`, `conf(B_m)` its mean `c_i` (Guo et al. 2017, "On Calibration of
+      Modern Neural Networks", Eq. 3); empty bins add nothing
+    * `nll = -mean_i log max(p_i(y_i), FLOOR)`        negative log-likelihood in nats; FLOOR,
+      float32's smallest normal number, caps an example whose true class has probability 0
+      (underflow) at 87.3 nats
+    * `entropy = mean_i H_i`                          mean entropy of the predictions in nats
+
+Each is over every seen test example after a task (the classes of later tasks have probability
+0: `methods/base.py` `mask_unseen`).
+
 Accuracies are fractions in [0, 1] everywhere in this module except in `summary`, which reports
 percent (0-100) and JSON-ready `None` for values that are undefined or not yet evaluated.
 """
@@ -41,6 +57,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+# The calibration figures kept per predictor and task (`calibration`).
+CALIBRATION = ("ece", "nll", "entropy")
 
 
 def _finite_or_none(x: float, scale: float = 1.0) -> float | None:
@@ -61,7 +80,9 @@ class AccuracyTracker:
     `task_correct[p]` the same for the task-incremental evaluation (argmax over the evaluated
     task's own classes; same samples, so same `total`), NaN / 0 where not recorded. `entropy`
     (T,) float64: the mean predictive entropy after task j over all seen test samples (softmax
-    over all seen classes), NaN where not recorded.
+    over all seen classes), NaN where not recorded. `calibration[p][k]` (T,) float64 for k in
+    `CALIBRATION`: the calibration of `p`'s predictions after task j over all seen test samples
+    (`calibration`; ECE a fraction, NLL and entropy in nats), NaN where not recorded.
     """
 
     def __init__(self, num_tasks: int, predictors: Sequence[str]):
@@ -79,6 +100,9 @@ class AccuracyTracker:
         self.task_accuracy = {p: np.full(shape, np.nan) for p in predictors}
         self.task_correct = {p: np.zeros(shape, np.int64) for p in predictors}
         self.entropy = np.full((num_tasks,), np.nan)
+        self.calibration = {
+            p: {k: np.full((num_tasks,), np.nan) for k in CALIBRATION} for p in predictors
+        }
 
     def matrix(self, predictor: str) -> np.ndarray:
         """The (T, T) accuracy matrix of `predictor` (fractions, NaN where not evaluated)."""
@@ -131,6 +155,12 @@ class AccuracyTracker:
         self._check_after_task(after_task)
         self.entropy[after_task] = float(value)
 
+    def record_calibration(self, after_task: int, predictor: str, values: Mapping[str, float]):
+        """Stores `predictor`'s calibration `{"ece", "nll", "entropy"}` after `after_task`."""
+        self._check_after_task(after_task)
+        for k in CALIBRATION:
+            self.calibration[predictor][k][after_task] = float(values[k])
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable state; NaN and unevaluated counts become None."""
 
@@ -152,6 +182,10 @@ class AccuracyTracker:
                 for p in self.predictors
             },
             "entropy": [_finite_or_none(v) for v in self.entropy],
+            "calibration": {
+                p: {k: [_finite_or_none(v) for v in c[k]] for k in CALIBRATION}
+                for p, c in self.calibration.items()
+            },
         }
 
     @classmethod
@@ -170,6 +204,9 @@ class AccuracyTracker:
         tracker.entropy = np.array(
             [np.nan if v is None else v for v in d["entropy"]], dtype=np.float64
         )
+        for p, c in (d.get("calibration") or {}).items():
+            for k in CALIBRATION:
+                tracker.calibration[p][k] = as_float_array(c[k])
         return tracker
 
 
@@ -286,7 +323,9 @@ def summary(tracker: AccuracyTracker, predictor: str) -> dict[str, Any]:
     `old_new_accuracy` (length T, `[old_t, new_t]` per task, None where undefined),
     `task_incremental_matrix`, `task_incremental_A_t`, `task_incremental_A_T` and
     `task_incremental_avg_inc_acc` (the same on `a_TI`, None where not recorded),
-    `tasks_evaluated`.
+    `tasks_evaluated`; `ece` (%), `nll`, `test_entropy` (nats) after each task (length T,
+    None where not recorded) and their values after task n-1, `ece_T`, `nll_T`,
+    `test_entropy_T`.
     """
     a = tracker.accuracy[predictor]
     n = num_evaluated(a)
@@ -318,7 +357,22 @@ def summary(tracker: AccuracyTracker, predictor: str) -> dict[str, Any]:
         "task_incremental_A_t": [_finite_or_none(v, 100.0) for v in a_ti_t],
         "task_incremental_A_T": pct(lambda: a_ti_t[n - 1]),
         "task_incremental_avg_inc_acc": pct(lambda: np.mean(a_ti_t[:n])),
+        **_calibration_summary(tracker.calibration[predictor], n),
     }
+
+
+def _calibration_summary(cal: Mapping[str, np.ndarray], n: int) -> dict[str, Any]:
+    """The summary's calibration keys: per task and after task n-1 (ECE in percent)."""
+    out: dict[str, Any] = {}
+    for key, name, scale in (
+        ("ece", "ece", 100.0),
+        ("nll", "nll", 1.0),
+        ("entropy", "test_entropy", 1.0),
+    ):
+        values = cal[key]
+        out[name] = [_finite_or_none(v, scale) for v in values]
+        out[f"{name}_T"] = _finite_or_none(values[n - 1], scale) if n else None
+    return out
 
 
 def as_float_array(x: Any) -> np.ndarray:
@@ -328,3 +382,63 @@ def as_float_array(x: Any) -> np.ndarray:
     if x and isinstance(x[0], list | tuple):
         return np.array([[np.nan if v is None else v for v in row] for row in x], np.float64)
     return np.array([np.nan if v is None else v for v in x], np.float64)
+
+
+# ---------------------------------------------------------------- calibration
+
+BINS = 15
+FLOOR = float(np.finfo(np.float32).tiny)
+
+
+def bin_index(confidence: np.ndarray, bins: int = BINS) -> np.ndarray:
+    """The bin `m - 1` (0-based) of each confidence: `ceil(c M) - 1`, bin 0 holding [0, 1/M]."""
+    c = np.asarray(confidence, np.float64)
+    return np.clip(np.ceil(c * bins).astype(np.int64) - 1, 0, bins - 1)
+
+
+def reliability(
+    confidence: np.ndarray, correct: np.ndarray, bins: int = BINS
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per bin `(accuracy, mean confidence, count)`, each (bins,); NaN for an empty bin."""
+    c = np.asarray(confidence, np.float64)
+    z = np.asarray(correct, np.float64)
+    if c.shape != z.shape or c.ndim != 1:
+        raise ValueError(
+            f"confidence and correct must be equal 1-d shapes; got {c.shape}, {z.shape}."
+        )
+    m = bin_index(c, bins)
+    count = np.bincount(m, minlength=bins).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = np.bincount(m, weights=z, minlength=bins) / count
+        conf = np.bincount(m, weights=c, minlength=bins) / count
+    return acc, conf, count.astype(np.int64)
+
+
+def ece(confidence: np.ndarray, correct: np.ndarray, bins: int = BINS) -> float:
+    """Expected calibration error (fraction in [0, 1]); NaN with no example."""
+    acc, conf, count = reliability(confidence, correct, bins)
+    n = count.sum()
+    if n == 0:
+        return float("nan")
+    seen = count > 0
+    return float(np.sum(count[seen] / n * np.abs(acc[seen] - conf[seen])))
+
+
+def nll(p_true: np.ndarray) -> float:
+    """`-mean log max(p(y), FLOOR)` in nats; NaN with no example."""
+    p = np.asarray(p_true, np.float64)
+    if p.size == 0:
+        return float("nan")
+    return float(-np.mean(np.log(np.maximum(p, FLOOR))))
+
+
+def calibration(
+    confidence: np.ndarray, correct: np.ndarray, p_true: np.ndarray, entropy: np.ndarray
+) -> dict[str, float]:
+    """`{"ece", "nll", "entropy"}` of one evaluation's examples (ECE as a fraction)."""
+    h = np.asarray(entropy, np.float64)
+    return {
+        "ece": ece(confidence, correct),
+        "nll": nll(p_true),
+        "entropy": float(h.mean()) if h.size else float("nan"),
+    }

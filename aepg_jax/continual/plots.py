@@ -1,5 +1,6 @@
 """The plots of a continual run: the accuracy matrix, training curves (entropy, and alpha when
-the loss uses one, over the global step) and incremental accuracy per predictor. Tasks are
+the loss uses one, over the global step), incremental accuracy per predictor and the
+reliability diagram of the kept predictions. Tasks are
 numbered t = 1..T on the axes (the files' 0-based index + 1)."""
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from aepg_jax.continual import metrics
 from aepg_jax.continual.metrics import as_float_array
+from aepg_jax.runs import predictions
 from aepg_jax.runs.records import is_number, run_name
 
 
@@ -125,13 +128,38 @@ def plot_incremental_accuracy(
     plt.close(fig)
 
 
+def plot_reliability(
+    kept: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    path: str | os.PathLike,
+    title: str = "Reliability after the last task",
+) -> None:
+    """Reliability diagram: per predictor `(confidence, correct)` of its test predictions, the
+    accuracy of each of the 15 equal-width confidence bins (`continual/metrics.py`) against the
+    bin's mean confidence, the diagonal being perfect calibration; the legend gives the ECE."""
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
+    for name, (conf, correct) in kept.items():
+        acc, mean_conf, count = metrics.reliability(conf, correct)
+        seen = count > 0
+        ece = 100.0 * metrics.ece(conf, correct)
+        ax.plot(mean_conf[seen], acc[seen], "o-", label=f"{name} (ECE {ece:.1f}%)")
+    ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_plots(
     workdir: str | os.PathLike,
     results: Mapping[str, Any],
     records: Sequence[Mapping[str, Any]],
 ) -> list[Path]:
-    """Writes accuracy_matrix.png (primary predictor), training_curves.png and
-    incremental_accuracy.png (every predictor) into `workdir`; returns their paths."""
+    """Writes accuracy_matrix.png (primary predictor), training_curves.png,
+    incremental_accuracy.png (every predictor) and, when the run kept its predictions,
+    reliability.png (every predictor, after the last task evaluated) into `workdir`; returns
+    their paths."""
     workdir = Path(workdir)
     paths = [
         workdir / n
@@ -143,4 +171,15 @@ def write_plots(
     plot_training_curves(records, paths[1], title=f"Training curves ({run_name(results)})")
     methods = results.get("methods") or {primary: results}
     plot_incremental_accuracy({p: m["A_t"] for p, m in methods.items()}, paths[2])
+    kept_file = workdir / predictions.FILE
+    if kept_file.exists():
+        arrays = predictions.load(kept_file)
+        last = arrays["after_task"] == arrays["after_task"].max()
+        label = arrays["label"][last]
+        kept = {}
+        for p in results["predictors"]:
+            c = predictions.predictor_columns(arrays, p)
+            kept[p] = (c["top_probs"][last, 0], c["top_classes"][last, 0] == label)
+        paths.append(workdir / "reliability.png")
+        plot_reliability(kept, paths[-1])
     return paths

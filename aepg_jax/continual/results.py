@@ -34,7 +34,7 @@ import tqdm
 
 from aepg_jax.continual import metrics, plots, setup
 from aepg_jax.continual.setup import Run
-from aepg_jax.runs import checkpointing, records
+from aepg_jax.runs import checkpointing, predictions, records
 from aepg_jax.runs.records import to_jsonable
 from aepg_jax.system import environment
 
@@ -215,6 +215,8 @@ def final_table(results: Mapping[str, Any]) -> str:
         ("TI avg_inc (%)", "task_incremental_avg_inc_acc"),
         ("bwt (%)", "bwt"),
         ("fgt stepwise (%)", "forgetting_stepwise"),
+        ("ECE_T (%)", "ece_T"),
+        ("NLL_T (nats)", "nll_T"),
     ]
     lines += [f"{name:<18}{_fmt(results.get(key), 8)}" for name, key in more if key in results]
     n = results.get("tasks_evaluated")
@@ -240,6 +242,14 @@ def final_table(results: Mapping[str, Any]) -> str:
                     f"{name:<18}{_fmt(m.get('task_incremental_A_T'), 8)}"
                     f"{_fmt(m.get('task_incremental_avg_inc_acc'), 9)}"
                     f"{_fmt(m.get('bwt'), 8)}{_fmt(m.get('forgetting_stepwise'), 9)}"
+                )
+        if any("ece_T" in m for m in methods.values()):
+            lines.append("")
+            lines.append(f"{'predictor':<18}{'ECE_T':>8}{'NLL_T':>9}{'H_T':>8}")
+            for name, m in methods.items():
+                lines.append(
+                    f"{name:<18}{_fmt(m.get('ece_T'), 8)}{_fmt(m.get('nll_T'), 9, 3)}"
+                    f"{_fmt(m.get('test_entropy_T'), 8, 3)}"
                 )
     return "\n".join(lines)
 
@@ -289,11 +299,15 @@ class Bookkeeping:
             writer.rewind(cut)
 
     def record_eval(self, task: int, step: int, results: list[dict]) -> None:
-        """Writes each seed's eval record and prints A_t (mean +- std over seeds)."""
+        """Writes each seed's kept predictions and eval record; prints A_t (mean +- std over
+        seeds)."""
         predictors = self.run.method.predictors
         primary = predictors[0]
         a_t = []
-        for result, tracker, writer in zip(results, self.trackers, self.writers, strict=True):
+        records_of = zip(results, self.trackers, self.writers, self.seed_dirs, strict=True)
+        for result, tracker, writer, directory in records_of:
+            if self.run.is_main:
+                predictions.write(directory, task, result["kept"], self._kept_meta())
             a = tracker.matrix(primary)
             a_t.append(100.0 * metrics.incremental_accuracy(a, task))
             writer.write(
@@ -310,6 +324,10 @@ class Bookkeeping:
                         tracker.correct[primary], tracker.total[primary], task
                     ),
                     "entropy": result["entropy"],
+                    "calibration": {
+                        p: {k: tracker.calibration[p][k][task] for k in metrics.CALIBRATION}
+                        for p in predictors
+                    },
                     # Mean forgetting of tasks < task (NaN -> null after the first task).
                     "forgetting": 100.0 * metrics.mean_forgetting(a[: task + 1, : task + 1]),
                     **self._more(result, tracker, task),
@@ -325,6 +343,18 @@ class Bookkeeping:
         else:
             summary = f"{a_t[0]:.2f}% ({primary})"
         tqdm.tqdm.write(f"after task {task + 1}: A_t = {summary}")
+
+    def _kept_meta(self) -> dict:
+        """The kept predictions' metadata (`predictions.py`)."""
+        tasks = self.run.data.tasks
+        return {
+            "format": predictions.FORMAT,
+            "predictors": list(self.run.method.predictors),
+            "task_offsets": [t.offset for t in tasks.tasks],
+            "task_sizes": [t.num_classes for t in tasks.tasks],
+            "num_classes": sum(self.run.head_sizes),
+            "scenario": tasks.scenario,
+        }
 
     def _more(self, result: dict, tracker: metrics.AccuracyTracker, task: int) -> dict:
         """The eval record's task-incremental, transfer and old / new figures (%; NaN becomes
@@ -391,9 +421,12 @@ def report(
         )
         for i, (tracker, seed) in enumerate(zip(book.trackers, run.axis.seeds, strict=True))
     ]
-    if compilations is not None:
-        for res in per_seed:
+    for res, directory in zip(per_seed, book.seed_dirs, strict=True):
+        if compilations is not None:
             res["compilations"] = compilations
+        kept_file = os.path.join(directory, predictions.FILE)
+        if run.is_main and os.path.exists(kept_file):
+            res["predictions"] = {"file": predictions.FILE, "sha256": predictions.sha256(kept_file)}
     if run.is_main:
         for i, directory in enumerate(book.seed_dirs):
             kept = write(directory, per_seed[i])

@@ -38,6 +38,7 @@ from aepg_jax.data import augment
 from aepg_jax.methods import Method, Network, TaskSpec
 from aepg_jax.methods.base import NEG
 from aepg_jax.models import partition
+from aepg_jax.runs import predictions
 
 Params = dict[str, Any]
 
@@ -199,15 +200,16 @@ def make_train_step(
     return step
 
 
-def make_eval_step(method: Method, net: Network, cfg: StepConfig) -> Callable[..., dict[str, Any]]:
-    """`eval(trainable, method_state, frozen, batch, task, evaluated) -> sums` over the valid
-    rows of a batch of task `evaluated`'s test set after task `task` (both traced `TaskSpec`s:
+def make_eval_step(method: Method, net: Network, cfg: StepConfig) -> Callable[..., tuple]:
+    """`eval(trainable, method_state, frozen, batch, task, evaluated) -> (sums, rows)` over the
+    valid rows of a batch of task `evaluated`'s test set after task `task` (both traced `TaskSpec`s:
     one program for every pair). Sums: per predictor `p`, `sums[p]` counts the rows whose
     argmax over the seen classes is the label (class-incremental: no task identity) and
     `sums["task_incremental"][p]` those whose argmax over `evaluated`'s own classes
     `[offset, stop)` is (task-incremental: the task is given); `count`, the valid rows; and
     `entropy_sum`, the summed entropy of the softmax over the seen classes (of the logits
-    `method.predict` names). One forward pass gives both counts."""
+    `method.predict` names). One forward pass gives both counts. `rows`: every row's kept
+    predictions (`predictions.per_example`; padding rows included, the host drops them)."""
 
     def eval_step(
         trainable: Params,
@@ -216,29 +218,29 @@ def make_eval_step(method: Method, net: Network, cfg: StepConfig) -> Callable[..
         batch: dict,
         task: TaskSpec,
         evaluated: TaskSpec,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         images = augment.test_transform(batch["image"], cfg.image_size, cfg.normalize)
         mask, labels = batch["mask"], batch["label"]
         probs, logits = method.predict(net, trainable, frozen, method_state, images, task)
-        classes = jnp.arange(logits.shape[-1])
-        own = (classes >= evaluated.offset) & (classes < evaluated.stop)
+        entropy = losses.entropy(logits)
+        rows = predictions.per_example(probs, entropy, labels, evaluated.offset, evaluated.stop)
         out: dict[str, Any] = {
             "count": jnp.sum(mask),
-            "entropy_sum": jnp.sum(jnp.where(mask, losses.entropy(logits), 0.0)),
+            "entropy_sum": jnp.sum(jnp.where(mask, entropy, 0.0)),
             "task_incremental": {},
         }
-        for name, p in probs.items():
-            out[name] = jnp.sum((jnp.argmax(p, -1) == labels) & mask)
-            # -inf outside the task: the argmax is over its own classes, whatever the scores.
-            own_p = jnp.where(own[None], p, jnp.asarray(-jnp.inf, p.dtype))
-            out["task_incremental"][name] = jnp.sum((jnp.argmax(own_p, -1) == labels) & mask)
-        return out
+        for name in probs:
+            kept = rows[name]  # the counts are of the kept predictions: evaluate.py's inputs
+            out[name] = jnp.sum((kept["top_classes"][:, 0] == labels) & mask)
+            out["task_incremental"][name] = jnp.sum((kept["task_pred"] == labels) & mask)
+        return out, rows
 
     return eval_step
 
 
 def learning_rate(cfg, steps_per_epoch: int) -> float | optax.Schedule:
-    """`optim.learning_rate`, constant or decayed per epoch as CODA-P's and InfLoRA's code.
+    """`optim.learning_rate`, constant or decayed per epoch: `cosine_epochs` as CODA-P's and
+    InfLoRA's code (below), `cosine_annealing` as torch's `CosineAnnealingLR` (`cosine_annealing`).
 
     With `lr(k) = lr * cos(99 pi k / (200 (E - 1)))`, epoch `e = count // steps_per_epoch` of
     E trains at `lr(max(e - 1, 0))`: the reference's `CosineSchedule` sets lr(0) in its
@@ -248,12 +250,25 @@ def learning_rate(cfg, steps_per_epoch: int) -> float | optax.Schedule:
     o = cfg.optim
     if o.lr_schedule == "constant":
         return o.learning_rate  # a float keeps Adam's state free of a schedule count
+    if o.lr_schedule == "cosine_annealing":
+        return cosine_annealing(o.learning_rate, o.epochs, steps_per_epoch)
     span = 200.0 * max(o.epochs - 1, 1)
 
     def schedule(count: jax.Array) -> jax.Array:
         epoch = jnp.minimum(count // steps_per_epoch, o.epochs - 1)
         k = jnp.maximum(epoch - 1, 0)  # the reference's one-epoch lag (docstring)
         return o.learning_rate * jnp.cos(99.0 * jnp.pi * k / span)
+
+    return schedule
+
+
+def cosine_annealing(lr: float, epochs: int, steps_per_epoch: int) -> optax.Schedule:
+    """torch's `CosineAnnealingLR(T_max=epochs, eta_min=0)` stepped once per epoch (APER's,
+    RanPAC's and EASE's code): epoch `e` trains at `lr (1 + cos(pi e / E)) / 2`."""
+
+    def schedule(count: jax.Array) -> jax.Array:
+        epoch = jnp.minimum(count // steps_per_epoch, epochs - 1)
+        return lr * 0.5 * (1.0 + jnp.cos(jnp.pi * epoch / epochs))
 
     return schedule
 
@@ -265,7 +280,11 @@ def applied_rates(opt_state: optax.OptState, rate: float | optax.Schedule) -> di
     runs that many steps behind the head's)."""
     rates = {}
     for path, count in optax.tree_utils.tree_get_all_with_path(opt_state, "count"):
-        if getattr(path[-1], "tuple_name", None) != "ScaleByAdamState":
+        # Adam's count, or SGD's schedule count (`optim.optimizer=sgd`).
+        if getattr(path[-1], "tuple_name", None) not in (
+            "ScaleByAdamState",
+            "ScaleByScheduleState",
+        ):
             continue
         # An unpartitioned Adam (benchmarks' ablation) has one count for every leaf.
         label = next((k.key for k in path if isinstance(k, jax.tree_util.DictKey)), "all")
@@ -277,14 +296,25 @@ def applied_rates(opt_state: optax.OptState, rate: float | optax.Schedule) -> di
 def optimizer(
     cfg, trainable: Params, steps_per_epoch: int = 1
 ) -> optax.GradientTransformationExtraArgs:
-    """Adam (`optim.*`) on the PEFT and head leaves; PEFT updates gated by the phase flag.
+    """Adam, or SGD with momentum (`optim.optimizer`), on the PEFT and head leaves; PEFT
+    updates gated by the phase flag. `optim.weight_decay > 0` adds `wd * param` to each gradient
+    first (torch's coupled `weight_decay` of `SGD` and `Adam`); SGD's momentum is torch's
+    (`buf = m buf + g`, first `buf = g`, no dampening).
 
     With `optim.clip_norm > 0` the gradient's global norm over every trainable leaf is clipped
     first (torch's `clip_grad_norm_` over the parameters that train; in a head-only phase the
     PEFT gradients, which are then discarded, still count in the norm)."""
     o = cfg.optim
-    adam = optax.adam(learning_rate(cfg, steps_per_epoch), o.b1, o.b2, o.eps)
-    tx = partition.make_optimizer(partition.label_params(trainable), adam)
+    rate = learning_rate(cfg, steps_per_epoch)
+    if o.get("optimizer", "adam") == "sgd":
+        # A schedule even when constant: its count gives `applied_rates` the label's rate.
+        schedule = rate if callable(rate) else optax.constant_schedule(rate)
+        base = optax.sgd(schedule, momentum=o.momentum or None)
+    else:
+        base = optax.adam(rate, o.b1, o.b2, o.eps)
+    if o.get("weight_decay", 0.0) > 0:
+        base = optax.chain(optax.add_decayed_weights(o.weight_decay), base)
+    tx = partition.make_optimizer(partition.label_params(trainable), base)
     if o.clip_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(o.clip_norm), tx)
     return tx

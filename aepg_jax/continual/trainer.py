@@ -56,8 +56,8 @@ from aepg_jax.continual.results import Bookkeeping, report
 from aepg_jax.continual.setup import Run
 from aepg_jax.data import loader, splits
 from aepg_jax.models import partition
-from aepg_jax.runs import checkpointing, records
-from aepg_jax.system import compiles, memory, preemption, progress
+from aepg_jax.runs import checkpointing, predictions, records
+from aepg_jax.system import compiles, hosts, memory, preemption, progress
 
 TrainState = steps.TrainState
 Chunks = Iterator[tuple[TrainState, int, int, dict]]  # (state, task step, k steps, metrics)
@@ -522,6 +522,8 @@ def train_task(
     """Trains task `t` from `start_step`; logs, checkpoints and checks for NaN on the way."""
     cfg = run.cfg
     plan = plan_task(cfg, run.data.tasks.tasks[t])
+    if plan.total_steps == 0:  # a task the method does not train: no bar, nothing compiled
+        return state
     key = static_key(run, t)
     if cfg.optim.steps_per_call > 1:
         stream = _scanned_chunks(run, programs, t, plan, state, start_step)
@@ -660,8 +662,9 @@ def evaluate(run: Run, programs: Programs, task: int, state: TrainState, book: B
     i's own classes), both counted in the same pass.
 
     Returns per seed `{"per_task": {i: {predictor: acc %}}, "task_incremental": {i: {predictor:
-    acc %}}, "entropy": mean entropy}`, the entropy of the softmax over the seen classes,
-    averaged over every seen test example.
+    acc %}}, "entropy": mean entropy, "kept": the evaluation's kept predictions}`, the entropy
+    of the softmax over the seen classes, averaged over every seen test example; each
+    predictor's calibration over the kept predictions is recorded in the trackers.
     """
     predictors = run.method.predictors
     spec = task_spec(run, task).traced()
@@ -669,9 +672,10 @@ def evaluate(run: Run, programs: Programs, task: int, state: TrainState, book: B
     entropy_sum, count_all = np.zeros(num_seeds), 0
     per_task: list[dict] = [{} for _ in range(num_seeds)]
     per_task_il: list[dict] = [{} for _ in range(num_seeds)]
+    kept: list[list[dict]] = [[] for _ in range(num_seeds)]
     for i in range(task + 1):
         evaluated = task_spec(run, i).traced()
-        sums = None
+        sums, rows = None, []
         for batch in loader.iterate(
             run.data.test.images,
             run.data.tasks.test_labels,
@@ -680,10 +684,13 @@ def evaluate(run: Run, programs: Programs, task: int, state: TrainState, book: B
             run.mesh,
             train=False,
         ):
-            out = programs.evaluate(
+            out, batch_rows = programs.evaluate(
                 state.trainable, state.method_state, run.frozen, batch, spec, evaluated
             )
             sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+            rows.append(batch_rows)
+        for s, seed_rows in enumerate(_kept_rows(run, rows, task, i)):
+            kept[s].append(seed_rows)
         sums = jax.tree.map(run.axis.per_seed, sums)
         count, own = int(sums["count"][0]), sums["task_incremental"]
         for s, tracker in enumerate(book.trackers):
@@ -697,10 +704,35 @@ def evaluate(run: Run, programs: Programs, task: int, state: TrainState, book: B
     for s, tracker in enumerate(book.trackers):
         entropy = float(entropy_sum[s]) / max(count_all, 1)
         tracker.record_entropy(task, entropy)
+        evaluation = predictions.flatten(predictions.concat(kept[s]))
+        for p in predictors:
+            tracker.record_calibration(task, p, predictions.calibration_of(evaluation, p))
         results.append(
-            {"per_task": per_task[s], "task_incremental": per_task_il[s], "entropy": entropy}
+            {
+                "per_task": per_task[s],
+                "task_incremental": per_task_il[s],
+                "entropy": entropy,
+                "kept": evaluation,
+            }
         )
     return results
+
+
+def _kept_rows(run: Run, rows: list, after_task: int, task: int) -> list[dict]:
+    """Per seed, task `task`'s kept predictions after `after_task` on the host (the batches'
+    rows, padding dropped), with their `after_task`, `task` and dataset `index` columns."""
+    indices = run.data.tasks.tasks[task].test_indices
+    rows = hosts.gather(rows)  # every process's rows (multi-process), one host copy
+    out = []
+    for s in range(len(run.axis.seeds)):
+        mine = [jax.tree.map(lambda x, s=s: x[s], r) for r in rows] if run.axis.vmapped else rows
+        columns = predictions.host_rows(predictions.concat(mine), len(indices), sum(run.head_sizes))
+        n = len(indices)
+        columns["after_task"] = np.full(n, after_task, np.int16)
+        columns["task"] = np.full(n, task, np.int16)
+        columns["index"] = np.asarray(indices, np.int32)
+        out.append(columns)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

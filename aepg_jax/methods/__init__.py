@@ -19,18 +19,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from aepg_jax.methods.aper import Aper
 from aepg_jax.methods.base import Method, Network, TaskContext, TaskSpec
 from aepg_jax.methods.coda_prompt import CodaPrompt
 from aepg_jax.methods.dualprompt import DualPrompt
+from aepg_jax.methods.ease import Ease
 from aepg_jax.methods.inflora import InfLoRA
 from aepg_jax.methods.l2p import L2P
 from aepg_jax.methods.lae import LAE
 from aepg_jax.methods.lwf import LwF
 from aepg_jax.methods.plain import Plain
+from aepg_jax.methods.simplecil import SimpleCIL
 
 REGISTRY: dict[str, type[Method]] = {
     m.name: m for m in (Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA)
 }
+REGISTRY.update({m.name: m for m in (SimpleCIL, Aper)})  # the prototype methods
+REGISTRY[Ease.name] = Ease
 NAMES = tuple(REGISTRY)
 
 __all__ = ["NAMES", "REGISTRY", "Method", "Network", "TaskContext", "TaskSpec", "defaults", "get"]

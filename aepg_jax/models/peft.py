@@ -6,8 +6,13 @@ D is the token width, H the number of heads, Dh = D / H.
 
   LoRA (K and V only)   k = x W_k + s_k (x A_k^T) B_k^T,  v likewise; A (r, D) ~ U(+-1/sqrt(D)),
                         B (D, r) = 0, s = 1: the identity at initialisation.
-  Adapter (parallel)    x + Attn(LN x) + s Up(GELU(Down(LN x))), hidden m; Down ~ U(+-1/sqrt(D)),
-                        bias 0; Up = 0, s = 1: the identity at initialisation.
+  Adapter (parallel)    `adapter_style=attn` (LAE's): x + Attn(LN x) + s Up(GELU(Down(LN x))),
+                        hidden m, s a learned scalar (init 1);
+                        `adapter_style=ffn` (AdaptFormer's, as APER / RanPAC / EASE use it): with
+                        x' = x + Attn(LN x), the block returns
+                        x' + MLP(LN x') + s Up(ReLU(Down x')),
+                        s = `adapter_scale` fixed (0.1), the bottleneck reading x' unnormalised.
+                        Both: Down ~ U(+-1/sqrt(D)), bias 0; Up = 0: the identity at initialisation.
   Prefix (compensated)  L learned keys and values, P_k, P_v (L, D) ~ U(0, 0.01), each times a
                         scalar (init 1), split into heads and inserted after the cls position.
                         With `lam` = the softmax mass on the prefix columns, the prefix weights
@@ -28,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 PEFT_KINDS = ("none", "lora", "adapter", "prefix")
+ADAPTER_STYLES = ("attn", "ffn")  # beside the attention (LAE's) | beside the MLP (AdaptFormer's)
 _PREFIX_EPS = 1e-12
 
 
@@ -40,6 +46,8 @@ class PeftConfig:
     lora_rank: int = 4
     adapter_dim: int = 5
     prefix_length: int = 10
+    adapter_style: str = "attn"
+    adapter_scale: float = 0.1  # the fixed s of adapter_style=ffn (AdaptFormer's "0.1")
 
     def __post_init__(self):
         if self.kind not in PEFT_KINDS:
@@ -47,6 +55,11 @@ class PeftConfig:
         for name in ("lora_rank", "adapter_dim", "prefix_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"peft.{name} must be >= 1; got {getattr(self, name)}.")
+        if self.adapter_style not in ADAPTER_STYLES:
+            raise ValueError(
+                f"peft.adapter_style={self.adapter_style!r} is unknown; valid: "
+                f"{', '.join(ADAPTER_STYLES)}."
+            )
         if len(set(self.blocks)) != len(self.blocks) or any(b < 0 for b in self.blocks):
             raise ValueError(
                 f"peft.blocks must be distinct non-negative indices; got {self.blocks}."
@@ -112,10 +125,14 @@ class LoRA(nn.Module):
 
 
 class Adapter(nn.Module):
-    """Parallel bottleneck adapter `s Up(GELU(Down(y)))`, added to the attention output."""
+    """Parallel bottleneck adapter `s Up(act(Down(y)))`: style `attn` GELU and a learned `s`
+    (added to the attention output), style `ffn` ReLU and `s = fixed_scale` (added to the MLP
+    output; AdaptFormer's `Adapter` with `ffn_adapter_layernorm_option="none"`)."""
 
     hidden_dim: int
     dtype: Any = jnp.float32  # the output's dtype; parameters stay float32
+    style: str = "attn"
+    fixed_scale: float = 0.1  # style ffn only
 
     # The bottleneck computes in float32 whatever the model's compute dtype (a few hidden
     # units: no cost), so its gradients are summed over the batch and devices in float32.
@@ -130,7 +147,7 @@ class Adapter(nn.Module):
             bias_init=nn.initializers.zeros,
             name="down",
         )(y)
-        h = nn.gelu(h, approximate=False)
+        h = nn.relu(h) if self.style == "ffn" else nn.gelu(h, approximate=False)
         h = nn.Dense(
             width,
             kernel_init=nn.initializers.zeros,
@@ -138,6 +155,8 @@ class Adapter(nn.Module):
             dtype=jnp.float32,
             name="up",
         )(h)
+        if self.style == "ffn":
+            return (self.fixed_scale * h).astype(self.dtype)
         scale = self.param("scale", nn.initializers.ones, ())
         return (scale * h).astype(self.dtype)
 
@@ -182,12 +201,16 @@ def compensate_prefix(weights: jax.Array, length: int) -> jax.Array:
 def num_params(cfg: PeftConfig, width: int) -> int:
     """Trainable PEFT scalars for token width D over `len(cfg.blocks)` blocks.
 
-    LoRA: 2 (2 r D + 1) per block; Adapter: 2 m D + m + D + 1; Prefix: 2 (L D + 1).
+    LoRA: 2 (2 r D + 1) per block; Adapter: 2 m D + m + D + 1 (style ffn: no scale, one
+    fewer); Prefix: 2 (L D + 1).
     """
     per_block = {
         "none": 0,
         "lora": 2 * (2 * cfg.lora_rank * width + 1),
-        "adapter": 2 * cfg.adapter_dim * width + cfg.adapter_dim + width + 1,
+        "adapter": 2 * cfg.adapter_dim * width
+        + cfg.adapter_dim
+        + width
+        + (cfg.adapter_style != "ffn"),
         "prefix": 2 * (cfg.prefix_length * width + 1),
     }[cfg.kind]
     return per_block * len(cfg.blocks)

@@ -107,7 +107,8 @@ def model_config(preset: str = "vit_b16", **overrides: Any) -> ml_collections.Co
     family (vit | dinov2 | clip, `FAMILIES`), dtype (compute dtype: float32 | bfloat16;
     parameters, head and logits stay float32), and
     `peft` {kind (none|lora|adapter|prefix), blocks, lora_rank, adapter_dim,
-    prefix_length}, defaults from the paper's Table 5 (blocks 0-4, cut at the depth).
+    prefix_length, adapter_style (attn|ffn), adapter_scale (ffn's fixed scale)}, defaults
+    from the paper's Table 5 (blocks 0-4, cut at the depth).
     """
     if preset not in PRESETS:
         raise ValueError(f"Unknown model preset {preset!r}; valid: {', '.join(PRESETS)}.")
@@ -228,7 +229,8 @@ class LayerScale(nn.Module):
 
 
 class Encoder1DBlock(nn.Module):
-    """Pre-norm block `x + Attn(LN x) [+ adapter(LN x)]`, then `x + MLP(LN x)`; with the
+    """Pre-norm block `x + Attn(LN x) [+ adapter(LN x)]`, then `x + MLP(LN x) [+ adapter(x)]`
+    (the adapter beside the attention or the MLP by `peft.adapter_style`, `peft.py`); with the
     dinov2 family `Attn` and `MLP` are scaled by their layer scales (the adapter is not)."""
 
     num_heads: int
@@ -253,13 +255,23 @@ class Encoder1DBlock(nn.Module):
         )(y, prefix)
         if self.family.layer_scale:
             attn = LayerScale(self.dtype, name="LayerScale_0")(attn)
-        if on("adapter"):
-            attn = attn + peft_lib.Adapter(self.peft.adapter_dim, self.dtype, name="adapter")(y)
+        adapter = peft_lib.Adapter(
+            self.peft.adapter_dim,
+            self.dtype,
+            self.peft.adapter_style,
+            self.peft.adapter_scale,
+            name="adapter",
+        )
+        ffn_adapter = on("adapter") and self.peft.adapter_style == "ffn"
+        if on("adapter") and not ffn_adapter:
+            attn = attn + adapter(y)
         x = x + attn
         y = nn.LayerNorm(epsilon=eps, dtype=self.dtype)(x)
         mlp = MlpBlock(self.mlp_dim, self.dtype, self.family.activation)(y)
         if self.family.layer_scale:
             mlp = LayerScale(self.dtype, name="LayerScale_1")(mlp)
+        if ffn_adapter:  # AdaptFormer's parallel adapter reads the MLP's unnormalised input
+            mlp = mlp + adapter(x)
         return x + mlp
 
 
@@ -387,6 +399,8 @@ def peft_from_config(cfg: ml_collections.ConfigDict) -> peft_lib.PeftConfig:
         lora_rank=int(cfg.lora_rank),
         adapter_dim=int(cfg.adapter_dim),
         prefix_length=int(cfg.prefix_length),
+        adapter_style=str(cfg.get("adapter_style", "attn")),
+        adapter_scale=float(cfg.get("adapter_scale", 0.1)),
     )
 
 

@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import jax
 import numpy as np
@@ -142,6 +142,14 @@ def everywhere(value: bool) -> bool:
     if jax.process_count() == 1:
         return value
     return bool(np.all(multihost_utils.process_allgather(np.asarray(value))))
+
+
+def gather(tree: Any) -> Any:
+    """A host (NumPy) copy of every array of `tree`; arrays spread over the processes of a
+    multi-process run come back whole, on every process."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree)
 
 
 # What JAX's errors say when a peer process is gone (gloo's TCP pairs, the coordination service).

@@ -1,7 +1,7 @@
 """An experiment's tables from a sweep's results, beside the paper's numbers.
 
     python -m aepg_jax.tables DIR [--experiment=NAME] [--format=markdown|latex|csv] [--out=FILE]
-        [--where=key=value,...] [--no_overrides | --config.<field>=<value> ...]
+        [--html=FILE] [--where=key=value,...] [--no_overrides | --config.<field>=<value> ...]
 
 For every cell of the experiment's tables (the paper's, or the demo's): our mean ± sample
 std over the finished runs (seeds) with their number n, the published mean ± as printed, and
@@ -12,7 +12,12 @@ of the `--config.*` overrides the last sweep of DIR recorded (their run folders
 `<run>+<field>=<value>`), unless `--config.*` flags are given here (or `--no_overrides`, the
 experiment's own configs); a DIR whose sweeps ran several override sets names them in a
 `note:` line. `--where` shows only the runs it selects, as the sweep's. Figure experiments also
-get their plots, written to `DIR/plots/`. A run whose results file cannot be
+get their plots, written to `DIR/plots/`. `--html=FILE` also writes the sweep's report, one
+self-contained page that opens offline (`report.py`): these tables with the paper's numbers
+beside ours as charts, the A_t curves of cells that differ only in their loss on one chart
+(mean ± std over seeds), and per run its accuracy-matrix heatmap, loss / alpha / entropy
+curves, reliability diagram with ECE / NLL, and its config differences from its cell's other
+runs. A run whose results file cannot be
 read (truncated, say), that is missing from a run folder whose metrics.jsonl holds the last
 task's evaluation, or that holds a non-finite metric is named in one `warning:` line and counted
 as failed in its cell; a run whose results were made with another config than the experiment's
@@ -383,6 +388,66 @@ def render(
     return "\n\n".join(fn(t, c) for t, c in blocks) + "\n"
 
 
+def report_runs(root: str, experiment: Experiment, view: View) -> list:
+    """Every run of `experiment` that `view` selects, once, as the report shows it
+    (`report.RunInfo`: its folder, its results, whether its cell counts it, a status line)."""
+    from aepg_jax.tables import report
+
+    out, seen = [], set()
+    for run in experiment.runs():
+        if run.name in seen or not view.selects(run):
+            continue
+        seen.add(run.name)
+        suffix = _suffix(run, view.overrides)
+        results = layout.run_results(root, run, suffix)
+        paths = [p for p in layout.result_paths(root, run, suffix) if p.exists()]
+        folder = next((p.parent for p in paths if layout.read_json(p) is not None), None)
+        changed = other_config(run, results, view.overrides, root, suffix)
+        error = layout.run_error(root, run, suffix)
+        if results is None:
+            status = f"failed: {error}" if error else "no results (not run yet, or running)"
+        elif changed:
+            status = f"of another config (differs in: {', '.join(changed)}); left out of its cell"
+        else:
+            a_t = layout.metric(results, "A_T")
+            status = "done" + (f", A_T {a_t:.2f}" if a_t is not None else "")
+        out.append(report.RunInfo(run, run.name + suffix, folder, results, not changed, status))
+    return out
+
+
+def report_page(
+    root: str, experiment: Experiment, view: View | None = None, warnings: set | None = None
+) -> str:
+    """The sweep's report (`report.page`) of the runs `view` selects: every table's cells as
+    `render` computes them, every run's files; the damaged runs' reasons are added to
+    `warnings`."""
+    from aepg_jax.tables import report
+
+    view = view or View()
+    warnings = set() if warnings is None else warnings
+    blocks = []
+    for part, part_tables, _ in experiment.sections():
+        for table in part_tables:
+            cells = [
+                [
+                    report.CellText(
+                        ours_text(c), paper_text(c), diff_text(c), c.flagged, c.mean, c.std,
+                        c.published.mean if c.published else None,
+                        c.published.pm if c.published else None,
+                    )
+                    for c in row
+                ]
+                for row in grid(root, part, table, warnings, view)
+            ]  # fmt: skip
+            blocks.append(report.Block(part, table, cells))
+    selection = " · ".join(
+        [f"overrides {' '.join(view.overrides)}"] * bool(view.overrides)
+        + [f"runs --where={view.where}"] * bool(view.where)
+    )
+    runs = report_runs(root, experiment, view)
+    return report.page(root, experiment, blocks, runs, sorted(warnings), LEGEND, selection)
+
+
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m aepg_jax.tables",
@@ -394,6 +459,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--format", choices=FORMATS, default="markdown")
     parser.add_argument("--out", help="write the tables to this file (default: stdout)")
     parser.add_argument("--no_plots", action="store_true", help="skip the figure plots")
+    parser.add_argument(
+        "--html", help="also write the sweep's report to this file: one self-contained HTML page"
+    )
     parser.add_argument(
         "--where", help="only the runs whose arguments match, as the sweep's, e.g. method=plain"
     )
@@ -467,6 +535,16 @@ def main(argv: Sequence[str]) -> int:
         print(f"wrote {args.out}")
     else:
         print(text, end="")
+    if args.html:
+        data = report_page(args.dir, experiment, view, warnings).encode("utf-8")
+        try:
+            with open(args.html, "wb") as f:
+                f.write(data)
+        except OSError as err:
+            cli.fail(
+                f"--html={args.html} cannot be written ({err.strerror}); name a writable file."
+            )
+        print(f"wrote {args.html} ({len(data) / 1e3:.0f} kB)", file=sys.stderr)
     for problem in sorted(warnings):
         print(f"warning: {problem}.", file=sys.stderr)
     if not args.no_plots:

@@ -1,0 +1,1 @@
+"""Metrics recomputed from a run's kept predictions (`python -m aepg_jax.evaluate`)."""

@@ -1,0 +1,107 @@
+"""APER (docs/algorithm.md §20): first-session adaptation, then SimpleCIL on merged features.
+
+Task 0 trains the model's PEFT modules (`model.peft`; APER's default variant is the
+AdaptFormer adapter, `model.peft.kind=adapter`, `adapter_style=ffn`, `adapter_dim=64` on every
+block) together with a cosine head over the run's classes, with the configured loss:
+    logits_c = sigma cos(f_adapted(x), w_c)      w_c ~ U(+-1/sqrt(D)), sigma learned (init 1)
+(the loss reads task 0's columns, the classes the official code's head has at task 0). After
+task 0 nothing trains (`trains_task(t)` is False for t >= 1); the adaptation head is discarded.
+After every task t, for its classes c, over its training images under the test transform:
+    p_c = mean_{i: y_i = c} [f_pretrained(x_i), f_adapted(x_i)]       (2D,), in that order
+and an image is classified by `argmax_c cos([f_pretrained(x), f_adapted(x)], p_c)` over the
+classes seen so far. f is the final-norm cls token; each feature enters unnormalised (the
+cosine normalises the concatenation as a whole), as the official code's
+`MultiBranchCosineIncrementalNet` does.
+
+Domain-incremental (`data.scenario=domain`): runs; the first domain adapts the model, every
+domain's images add to the class means (the paper is class-incremental only).
+
+Trainable: the task heads (unused), `model.peft`'s leaves and `head/aper_cosine/{weight (C, D),
+sigma ()}`; the PEFT leaves and the adaptation head train at task 0 only. Method state: the
+prototype sums and counts of `simplecil.Prototypes`, over 2D features.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from aepg_jax.methods import prototypes
+from aepg_jax.methods.base import Network, Params, TaskSpec
+from aepg_jax.methods.simplecil import Prototypes, backbone_features, num_classes_of
+from aepg_jax.models import partition
+
+HEAD = "aper_cosine"  # under `head/`: labelled `head`, trained with the PEFT leaves at task 0
+
+
+def adaptation_head(key: jax.Array, num_classes: int, width: int) -> Params:
+    """torch's `CosineLinear.reset_parameters`: weight ~ U(+-1/sqrt(D)) (C, D), sigma = 1."""
+    bound = 1.0 / width**0.5
+    weight = jax.random.uniform(key, (num_classes, width), jnp.float32, -bound, bound)
+    return {"weight": weight, "sigma": jnp.ones((), jnp.float32)}
+
+
+class Aper(Prototypes):
+    """APER: the PEFT modules adapted on task 0, prototypes of [pretrained, adapted] features."""
+
+    name = "aper"
+    uses_model_peft: ClassVar[bool] = True
+    defaults: ClassVar[dict[str, Any]] = {}
+    eval_forwards: ClassVar[int] = 2  # the pretrained and the adapted backbone
+
+    def __init__(self, cfg: ml_collections.ConfigDict):
+        super().__init__(cfg)
+        self.adapted = Network(cfg.model)
+
+    @classmethod
+    def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
+        if cfg.method.name == cls.name and cfg.model.peft.kind == "none":
+            return [
+                "method.name=aper adapts a PEFT module on the first task but "
+                "model.peft.kind=none; set model.peft.kind (adapter: APER's default, with "
+                "model.peft.adapter_style=ffn)."
+            ]
+        return []
+
+    def trains_task(self, task: int) -> bool:
+        return task == 0
+
+    @property
+    def feature_dim(self) -> int:
+        return 2 * int(self.cfg.model.hidden_size)
+
+    def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
+        """Task 0 adds the adaptation head (drawn from `key`); later tasks add nothing."""
+        if task != 0:
+            return trainable
+        head = adaptation_head(key, num_classes_of(trainable), int(self.cfg.model.hidden_size))
+        return {**trainable, "head": {**trainable["head"], HEAD: head}}
+
+    def adapted_features(self, trainable: Params, frozen: Params, images: jax.Array) -> jax.Array:
+        """The cls token (B, D) of the backbone with the PEFT modules."""
+        return backbone_features(self.adapted, partition.merge(trainable, frozen), images)
+
+    def features(self, trainable: Params, frozen: Params, images: jax.Array) -> jax.Array:
+        """`[f_pretrained, f_adapted]` (B, 2D), the official code's branch order."""
+        plain = backbone_features(self.plain, frozen, images)
+        out = jnp.concatenate([plain, self.adapted_features(trainable, frozen, images)], -1)
+        chex.assert_shape(out, (images.shape[0], self.feature_dim))
+        return out
+
+    def forward(
+        self,
+        net: Network,
+        trainable: Params,
+        frozen: Params,
+        state: Params,
+        images: jax.Array,
+        task: TaskSpec,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """Task 0's training logits: `sigma cos(f_adapted, w_c)` over every class (C)."""
+        head = trainable["head"][HEAD]
+        feats = self.adapted_features(trainable, frozen, images)
+        return head["sigma"] * prototypes.cosine_logits(feats, head["weight"]), None

@@ -1,0 +1,185 @@
+"""SimpleCIL (docs/algorithm.md §19): a frozen backbone, class-mean prototypes, cosine classifier.
+
+After each task t, for every class c of the task, over the task's training images x_i under the
+test transform (no augmentation):
+    p_c = mean_{i: y_i = c} f(x_i)                f: the backbone's final-norm cls token (D,)
+and an image is classified by `argmax_c cos(f(x), p_c)` over the classes seen so far. Nothing
+trains (`trains_task` is False for every task), so the results depend neither on the loss nor on
+the optimiser; and since each class's prototype is the mean of its own images, they do not
+depend on how the classes are cut into tasks either.
+
+The prototypes are kept as per-class sums and counts (`prototypes.ClassSums`, shapes over every
+class of the run from the start) in the method state: checkpointed and vmapped like any state,
+so a resumed run continues from the same sums. The pass over a task's images is one jitted
+program for the run (`prototypes.sums_program`).
+
+`Prototypes` is the shared scaffold of the methods that classify by class means: a subclass
+gives its feature function (`features`, `feature_dim`), which tasks train, and what trains
+(APER, `aper.py`). Domain-incremental (`data.scenario=domain`): a class's prototype is its mean
+over the images of every domain seen so far (the method's papers are class-incremental only).
+
+Trainable: the task heads (unused; the model's `model.peft` modules are not used). Method state:
+`proto_sums` (C, F) and `proto_counts` (C,) float32, F = `feature_dim`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from aepg_jax.methods import prototypes
+from aepg_jax.methods.base import (
+    Method,
+    Network,
+    Params,
+    TaskContext,
+    TaskSpec,
+    heads_of,
+    mask_unseen,
+    softmax_probs,
+)
+
+
+def plain_model_cfg(model_cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The model config without PEFT modules: the pretrained backbone as loaded."""
+    cfg = ml_collections.ConfigDict(model_cfg.to_dict())
+    cfg.peft.kind = "none"
+    return cfg
+
+
+def num_classes_of(trainable: Params) -> int:
+    """Every class of the run: the summed widths of the task heads `head/task_j` (there from
+    the start; a method's own leaves under `head/` do not count)."""
+    heads = heads_of(trainable)["head"]
+    return sum(int(heads[name]["kernel"].shape[-1]) for name in heads if name.startswith("task_"))
+
+
+def backbone_features(net: Network, params: Params, images: jax.Array) -> jax.Array:
+    """The final-norm cls token (B, D) of `params` (any head leaves dropped), float32."""
+    backbone = {k: v for k, v in params.items() if k != "head"}
+    return net.apply(backbone, images, ())[1]["features"].astype(jnp.float32)
+
+
+class Prototypes(Method):
+    """Class-mean prototypes of `features` after every task, predicted by cosine similarity."""
+
+    name = "prototypes"  # abstract: not registered
+    eval_forwards: ClassVar[int] = 1
+    task_data_passes: ClassVar[int] = 1  # the prototype pass, at end_task
+
+    def __init__(self, cfg: ml_collections.ConfigDict):
+        super().__init__(cfg)
+        self.plain = Network(plain_model_cfg(cfg.model))
+        self._sums_step: prototypes.SumsStep | None = None
+
+    # -- what a subclass changes -----------------------------------------------------------
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.cfg.model.hidden_size)
+
+    def features(self, trainable: Params, frozen: Params, images: jax.Array) -> jax.Array:
+        """The features the prototypes average and the classifier compares (B, F)."""
+        return backbone_features(self.plain, frozen, images)
+
+    # -- state -------------------------------------------------------------------------------
+
+    def init_state(self, trainable: Params) -> Params:
+        sums = prototypes.ClassSums.zeros(num_classes_of(trainable), self.feature_dim)
+        return {"proto_sums": sums.sums, "proto_counts": sums.counts}
+
+    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
+        return self.init_state(trainable_at(0))
+
+    @staticmethod
+    def class_sums(state: Params) -> prototypes.ClassSums:
+        return prototypes.ClassSums(state["proto_sums"], state["proto_counts"])
+
+    # -- host side -------------------------------------------------------------------------
+
+    def end_task(
+        self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
+    ) -> Params:
+        """Adds the task's training images' features to their classes' sums."""
+        if self._sums_step is None:  # one compilation for the run
+            self._sums_step = prototypes.sums_program(self._features_of, self.cfg)
+        sums = prototypes.accumulate(
+            self._sums_step,
+            (trainable, ctx.frozen),
+            ctx.train_batches(),
+            self.class_sums(state),
+            desc=f"task {task.index + 1} {self.name} prototypes",
+        )
+        chex.assert_equal_shape((sums.sums, state["proto_sums"]))
+        return {**state, "proto_sums": sums.sums, "proto_counts": sums.counts}
+
+    def _features_of(self, params: tuple[Params, Params], images: jax.Array) -> jax.Array:
+        return self.features(params[0], params[1], images)
+
+    def host_programs(
+        self, trainable: Params, state: Params, frozen: Params, batch, task: int
+    ) -> dict[str, tuple[Callable, tuple, int]]:
+        """The prototype pass, once per task (`end_task`)."""
+        step = prototypes.sums_program(self._features_of, self.cfg)
+        return {"prototypes": (step, (self.class_sums(state), (trainable, frozen), batch), 1)}
+
+    # -- inside the jitted programs --------------------------------------------------------
+
+    def logits(
+        self, trainable: Params, frozen: Params, state: Params, images: jax.Array
+    ) -> jax.Array:
+        """(B, C) cosines between the images' features and every class's prototype (0 for a
+        class not seen yet)."""
+        feats = self.features(trainable, frozen, images)
+        return prototypes.cosine_logits(feats, self.class_sums(state).means())
+
+    def forward(
+        self,
+        net: Network,
+        trainable: Params,
+        frozen: Params,
+        state: Params,
+        images: jax.Array,
+        task: TaskSpec,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        return self.logits(trainable, frozen, state, images), None
+
+    def predict(
+        self,
+        net: Network,
+        trainable: Params,
+        frozen: Params,
+        state: Params,
+        images: jax.Array,
+        task: TaskSpec,
+    ) -> tuple[dict[str, jax.Array], jax.Array]:
+        logits = mask_unseen(self.logits(trainable, frozen, state, images), task)
+        return {"model": softmax_probs(logits)}, logits
+
+
+class SimpleCIL(Prototypes):
+    """SimpleCIL: prototypes of the pretrained backbone's features; no task trains."""
+
+    name = "simplecil"
+    uses_model_peft: ClassVar[bool] = False
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, cfg: ml_collections.ConfigDict):
+        super().__init__(cfg)
+        if cfg.model.peft.kind != "none" and cfg.method.name == self.name:
+            logging.info(
+                "SimpleCIL trains nothing: model.peft (%s) is not used.", cfg.model.peft.kind
+            )
+
+    def trains_task(self, task: int) -> bool:
+        return False
+
+    def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
+        """The heads alone: the model's PEFT leaves are dropped (nothing trains)."""
+        return heads_of(trainable)
