@@ -34,7 +34,7 @@ from aepg_jax.continual import trainer as continual_trainer
 from aepg_jax.runs import checkpointing, identity, lock, tensorboard
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import trainer as scratch_trainer
-from aepg_jax.system import cli, hosts, memory, preemption, progress
+from aepg_jax.system import cli, hosts, memory, preemption, progress, xla_cache
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, configs/<name>.py[:args].", lock_config=True
@@ -152,6 +152,8 @@ def main(argv: list[str]) -> None:
         logging.set_verbosity(logging.WARNING)  # orbax and XLA log a lot at INFO
         logging.get_absl_handler().addFilter(_quiet_orbax)
     cfg = _CONFIG.value
+    # Before anything compiles: jax settles on its persistent cache at the first compilation.
+    xla_cache.enable(xla_cache.directory(cfg.get("compile_cache", xla_cache.DEFAULT)))
     try:
         memory.apply_default()  # before the backend starts (memory.py)
         hosts.initialize(cfg.distributed)

@@ -100,16 +100,18 @@ def test_a_cache_the_disk_cannot_hold_is_refused_before_a_byte(tmp_path, monkeyp
 def test_data_held_for_a_program_counts_on_top_of_what_it_needs(monkeypatch):
     """`resident` bytes (the scanned program's task data) add to XLA's need; the batch
     estimate scales only the program's own part."""
+    import jax
     import jax.numpy as jnp
 
     from aepg_jax.continual import fit
 
     monkeypatch.setenv("AEPG_FIT_CHECK", "1")
     x = jnp.zeros((1024, 256), jnp.float32)  # 1 MiB
-    need = fit.needs(lambda a: a * 2.0, (x,))
+    compiled = jax.jit(lambda a: a * 2.0).lower(x).compile()
+    need = fit.needs(compiled)
     assert need >= 2**20  # the 1 MiB output
     resident = 64 * 2**20
-    program = fit.Program(lambda a: a * 2.0, (x,), "optim.batch_size", 64, resident)
+    program = fit.Program(compiled, "optim.batch_size", 64, resident)
     monkeypatch.setattr(fit, "available", lambda: (need + resident, "memory left"))
     fit.check({"the scan": program})  # fits exactly
     monkeypatch.setattr(fit, "available", lambda: (resident + need // 2, "memory left"))
@@ -127,10 +129,9 @@ def test_data_held_for_a_program_counts_on_top_of_what_it_needs(monkeypatch):
 @pytest.mark.slow
 def test_the_scanned_program_is_checked_with_the_largest_tasks_data(tmp_path, monkeypatch):
     """With `optim.steps_per_call > 1` the fit check measures the scanned program holding the
-    largest remaining task's training data (digits in 4 tasks: 430, 436, 288, 283 examples of
-    16 x 16 x 3 bytes and an int32 label), not the single step. ~35 s on 2 cores."""
-    import jax
-
+    largest task's training data (digits in 4 tasks: 430, 436, 288, 283 examples of 16 x 16 x 3
+    bytes and an int32 label; every task's data is padded to it), not the single step, and
+    that compiled program is the one training runs. ~35 s on 2 cores."""
     from aepg_jax.continual import fit, setup, trainer
 
     monkeypatch.setenv("AEPG_FIT_CHECK", "1")
@@ -138,23 +139,23 @@ def test_the_scanned_program_is_checked_with_the_largest_tasks_data(tmp_path, mo
     run = setup.build(cfg, str(tmp_path / "run"))
     programs, state = trainer.build_programs(run), trainer.begin_task(run, 0, None)
     sizes = [len(t.train_indices) for t in run.data.tasks.tasks]
+    assert trainer.largest_task(run) == 1 and sizes[1] == 436
     checked = {}
     monkeypatch.setattr(fit, "check", checked.update)
     for start in (0, 2):
         checked.clear()
         trainer.check_fit(run, programs, start, state)
-        largest = max(range(start, 4), key=lambda i: sizes[i])
-        assert largest != start or start == 2  # task 0 is not the largest: the check looks on
         (name,) = [k for k in checked if "train" in k]
-        assert name == f"the train program scanning task {largest + 1}'s {sizes[largest]} examples"
+        assert name == "the train program scanning task 2's 436 examples"
         program = checked[name]
-        assert program.resident == sizes[largest] * (16 * 16 * 3 + 4)
-        images = program.args[2]
-        assert isinstance(images, jax.ShapeDtypeStruct)
-        assert images.shape == (sizes[largest], 16, 16, 3)
+        assert program.resident == 436 * (16 * 16 * 3 + 4)
+        # The executable measured is the one training calls: compiled once, kept.
+        (scanned,) = programs.scanned.values()
+        assert scanned.executable is program.compiled
+        assert programs.evaluate.executable is checked["the evaluation"].compiled
     monkeypatch.undo()
     monkeypatch.setenv("AEPG_FIT_CHECK", "1")
     # Room for the data and no more: the scanned program is refused, naming it and the data.
     monkeypatch.setattr(fit, "available", lambda: (program.resident + 2**10, "memory left"))
-    with pytest.raises(fit.DoesNotFit, match=r"^the train program scanning task 3's 288 "):
+    with pytest.raises(fit.DoesNotFit, match=r"^the train program scanning task 2's 436 "):
         fit.check(checked)

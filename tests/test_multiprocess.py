@@ -214,11 +214,13 @@ def _main_args(tmp_path, name, overrides):
     return [f"--config={spec}", f"--workdir={tmp_path / name}"]
 
 
-def _launch_main(tmp_path, name, overrides, processes, devices, log_dir=None, timeout=600):
+def _launch_main(
+    tmp_path, name, overrides, processes, devices, log_dir=None, timeout=600, env=None
+):
     """Runs `aepg_jax.main` on the tiny config as `processes` x `devices`; the exit status."""
     cmd = launch.main_command(_main_args(tmp_path, name, overrides))
     log_dir = log_dir or tmp_path / f"{name}-logs"
-    procs = launch.start(processes, devices, cmd, log_dir=str(log_dir), cwd=REPO)
+    procs = launch.start(processes, devices, cmd, env=env, log_dir=str(log_dir), cwd=REPO)
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         if any(p.poll() not in (None, 0) for p in procs):
@@ -288,7 +290,11 @@ def _files(workdir):
 def test_two_processes_equal_one_process_with_two_devices(tmp_path, overrides, num_seeds):
     overrides = {**E2E, **overrides}
     assert _launch_main(tmp_path, "one", overrides, processes=1, devices=2) == 0
-    assert _launch_main(tmp_path, "two", overrides, processes=2, devices=1) == 0
+    # The two processes share one persistent compilation cache (the first run, without it).
+    cache = tmp_path / "xla"
+    env = dict(os.environ, AEPG_COMPILE_CACHE=str(cache))
+    assert _launch_main(tmp_path, "two", overrides, processes=2, devices=1, env=env) == 0
+    assert any(cache.iterdir())  # process 0 wrote its programs there
     _assert_same_results(tmp_path / "one", tmp_path / "two", num_seeds)
     # Only process 0 writes metrics, results and plots: the same files, no line written twice.
     assert _files(tmp_path / "one") == _files(tmp_path / "two")

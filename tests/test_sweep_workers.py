@@ -23,6 +23,7 @@ from aepg_jax.experiments import layout, registry
 from aepg_jax.plan import estimate
 from aepg_jax.runs import lock
 from aepg_jax.sweep import claims
+from aepg_jax.system import xla_cache
 from aepg_jax.tables import tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -159,9 +160,10 @@ SHORT = [
 ]
 
 
-def _sweep(root, *extra, wait=True):
+def _sweep(root, *extra, wait=True, cache=None):
+    """The demo sweep on `root`; `cache`: a persistent compilation cache directory (else none)."""
     cmd = [sys.executable, "-m", "aepg_jax.sweep", "--experiment=demo", f"--workdir={root}"]
-    env = {**os.environ, claims.ENV_POLL: "0.5"}
+    env = {**os.environ, claims.ENV_POLL: "0.5", xla_cache.ENV: str(cache) if cache else "0"}
     kwargs = dict(cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if not wait:
         return subprocess.Popen([*cmd, *SHORT, *extra], **kwargs)
@@ -195,9 +197,12 @@ def _done_lines(outs):
 @pytest.mark.slow
 def test_three_workers_run_each_run_once_and_give_the_one_process_table(one_process, tmp_path):
     root = tmp_path / "runs"
-    procs = [_sweep(root, wait=False) for _ in range(3)]
+    # The workers share one persistent compilation cache; the one-process sweep had none.
+    cache = tmp_path / "xla"
+    procs = [_sweep(root, wait=False, cache=cache) for _ in range(3)]
     outs = [p.communicate(timeout=1800)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert any(cache.iterdir())
     # Run folders carry the overrides that change results (checkpoint_every_steps does not).
     suffix = layout.suffix_of([("data.num_tasks", "2"), ("max_steps_per_task", "4")])
     names = sorted(r.name + suffix for r in registry.get("demo").runs() if r.seed == 0)

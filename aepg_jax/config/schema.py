@@ -136,6 +136,12 @@ Fields (defaults in brackets):
                                event files in the workdir (`tensorboard --logdir=WORKDIR`, or a
                                sweep's DIR for all its runs by name); False: metrics.jsonl only
   max_steps_per_task [None]    cap on steps per task (smoke tests)
+  compile_cache [~/.cache/aepg_jax/xla]  JAX's persistent compilation cache: every compiled
+                               program is kept there and the next run compiling it reads it
+                               back (at most 2 GiB, least recently used evicted; safe to share
+                               between processes and runs; results identical without it);
+                               "" turns it off; the environment variable AEPG_COMPILE_CACHE
+                               (a directory, or 0 for off) overrides it (docs/performance.md)
   distributed [False]          call jax.distributed.initialize() (multi-host)
 """
 
@@ -220,6 +226,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
     c.tensorboard = True
     c.max_steps_per_task = config_dict.placeholder(int)
     c.distributed = False
+    c.compile_cache = "~/.cache/aepg_jax/xla"  # system/xla_cache.py DEFAULT
     return c
 
 

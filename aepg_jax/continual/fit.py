@@ -3,7 +3,9 @@
 Every program the run executes is compiled ahead of time (`jit(...).lower(...).compile()`: the
 train step, whose one program holds both phases of a task as a `lax.cond`, or with
 `optim.steps_per_call > 1` its `lax.scan` over the task's training data held on the device; the
-evaluation; a method's own passes such as InfLoRA's covariance) and XLA's memory analysis read:
+evaluation; a method's own passes such as InfLoRA's covariance) and XLA's memory analysis read.
+These are the executables training then runs (`trainer.Programs`): the check compiles nothing
+that training would not. A program's memory analysis says:
 a program needs `temp + output - alias + code` bytes beyond its arguments, which already sit in
 memory, plus what is placed in memory for it alone (the scanned program's task data, sized for
 the largest task the process will train: the programs' shapes are the same for every task, the
@@ -23,15 +25,13 @@ whose attention scores alone cannot fit: every block materialises the scores of 
 block's scores are a lower bound on a step's memory. A mistyped `model.image_size` (2044 for
 224) stops there within seconds.
 
-`AEPG_FIT_CHECK=0` skips both (the compiled check compiles each program once more than training
-does).
+`AEPG_FIT_CHECK=0` skips both (the programs then compile at their first call).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -59,13 +59,9 @@ def device_available(device: jax.Device) -> int | None:
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
-def needs(fn: Callable, args: tuple) -> int | None:
-    """Bytes the compiled `fn(*args)` needs beyond its arguments (None: no memory analysis)."""
-
-    def fit_check_program(*a):
-        return fn(*a)
-
-    m = jax.jit(fit_check_program).lower(*args).compile().memory_analysis()
+def needs(compiled: jax.stages.Compiled) -> int | None:
+    """Bytes the compiled program needs beyond its arguments (None: no memory analysis)."""
+    m = compiled.memory_analysis()
     if m is None:
         return None
     return int(
@@ -125,13 +121,12 @@ def check_config(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """One program of the run to check: `fn(*args)`, the config field of its batch size, and
-    `resident`: bytes of data placed in memory for this program alone, on top of what `fn`
+    """One compiled program of the run to check, the config field of its batch size, and
+    `resident`: bytes of data placed in memory for this program alone, on top of what it
     needs beyond its arguments (`optim.steps_per_call > 1`: the task's training images and
     labels, which the scanned program reads on the device)."""
 
-    fn: Callable
-    args: tuple
+    compiled: jax.stages.Compiled
     batch_field: str
     batch_size: int
     resident: int = 0
@@ -142,7 +137,7 @@ def check(programs: dict[str, Program]) -> None:
     cannot fit."""
     if not enabled():
         return
-    sized = [(needs(p.fn, p.args), name) for name, p in programs.items()]
+    sized = [(needs(p.compiled), name) for name, p in programs.items()]
     sized = [(n + programs[name].resident, name) for n, name in sized if n is not None]
     left, where = available()
     if not sized or left is None:

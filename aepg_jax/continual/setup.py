@@ -33,6 +33,7 @@ from aepg_jax.models import head, partition, vit
 from aepg_jax.pretraining import pretrain
 from aepg_jax.runs import checkpointing, seeds
 from aepg_jax.runs.seeds import SeedAxis
+from aepg_jax.system import compiles
 
 Params = dict[str, Any]
 
@@ -194,6 +195,8 @@ class Run:
     annealed: bool
     fixed_alpha: float | None = None  # a fixed mix's alpha (logged); None: annealed or none
     backbone_source: dict | None = None  # the backbone's file (shipped, cached or augreg)
+    # The jitted programs building its states (`_program`), made once per run.
+    state_programs: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def replicated(self) -> jax.sharding.NamedSharding:
@@ -219,6 +222,42 @@ def initial_trees(cfg: ml_collections.ConfigDict, key: jax.Array, mesh) -> tuple
     """One seed's `(fresh PEFT, backbone)` trees (`initial_params` split by label)."""
     params = initial_params(cfg, key, mesh)
     return partition.split(params, partition.label_params(params), partition.TRAINABLE)
+
+
+def initial_trees_all(
+    cfg: ml_collections.ConfigDict, keys: tuple[jax.Array, ...], mesh
+) -> tuple[list[Params], list[Params]]:
+    """Every seed's fresh PEFT, and the backbones: one per seed for `model.init=random`, else
+    the one loaded (or pretrained) backbone. For a loaded backbone the PEFT is drawn by one
+    jitted program for every seed (XLA drops the unused random backbone; op by op, each
+    operation of the initialisation would compile on its own). A random backbone is drawn op
+    by op: a jitted draw of the whole tree rounds some of its scaled normal draws differently."""
+    if cfg.model.init == "random":
+        pairs = [initial_trees(cfg, key, mesh) for key in keys]
+        return [p for p, _ in pairs], [b for _, b in pairs]
+
+    def random_trees(key: jax.Array) -> tuple[Params, Params]:
+        params = vit.init_params(cfg.model, jax.random.fold_in(key, 0))  # `initial_params`'
+        return partition.split(params, partition.label_params(params), partition.TRAINABLE)
+
+    def initial_peft(key: jax.Array) -> Params:
+        return random_trees(key)[0]
+
+    draw_peft = jax.jit(initial_peft, compiler_options=compiles.EAGER_NUMERICS)
+    peft = [draw_peft(key) for key in keys]
+    shapes = jax.eval_shape(lambda key: random_trees(key)[1], keys[0])
+    params = partition.merge(peft[0], shapes)
+    if cfg.model.init == "augreg":
+        try:
+            path = weights.local_path(weights.checkpoint_of(cfg.model))
+            params = weights.load_backbone(path, params)
+        except augreg.CheckpointError as err:  # name the field the user set
+            field = "model.checkpoint" if cfg.model.checkpoint else "model.weights"
+            raise augreg.CheckpointError(f"{field}: {err}") from err
+    elif cfg.model.init == "pretrained":
+        params = augreg.load_backbone(pretrain.pretrain_backbone(cfg, mesh), params)
+    _, backbone = partition.split(params, partition.label_params(params), partition.TRAINABLE)
+    return peft, [backbone]
 
 
 def seed_axis(cfg: ml_collections.ConfigDict) -> tuple[SeedAxis, tuple[jax.Array, ...], int | None]:
@@ -269,13 +308,8 @@ def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     schema.validate(cfg, mesh.devices.size)
     data = prepare_data(cfg)
     _, keys, frozen_axis = seed_axis(cfg)
-    initial_peft, frozen = [], []
-    for key in keys:
-        peft, backbone = initial_trees(cfg, key, mesh)
-        initial_peft.append(peft)
-        # A pretrained or loaded backbone is the same for every seed; a random one is not.
-        if not frozen or cfg.model.init == "random":
-            frozen.append(backbone)
+    # A pretrained or loaded backbone is the same for every seed; a random one is not.
+    initial_peft, frozen = initial_trees_all(cfg, keys, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     frozen_tree = jax.device_put(seeds.stack(frozen) if frozen_axis == 0 else frozen[0], replicated)
     del frozen
@@ -299,28 +333,67 @@ def build(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     return dataclasses.replace(run, backbone_source={**info, "shipped": False})
 
 
+def _program(run: Run, name: str, make: Callable[[], Callable]) -> Callable:
+    """The run's jitted program `name` (`make()` the first time): compiled once for the run."""
+    if name not in run.state_programs:
+        run.state_programs[name] = make()
+    return run.state_programs[name]
+
+
+def _on_seeds(run: Run, fn: Callable, name: str, in_axes: Any = 0, draws: bool = False) -> Callable:
+    """jit of `fn(key, *trees)` of one seed over every seed, named `name`, made once per run
+    (`_program`), so compiled once: called with the seeds' base keys and the run's trees
+    (stacked when `num_seeds > 1`; committed to the run's devices, so that every call has the
+    first's shardings), the keys stacked inside. `draws`: it draws random values, which it
+    must draw as op-by-op dispatch would (`compiles.EAGER_NUMERICS`)."""
+    lifted = run.axis.lift(fn, in_axes)
+
+    def over_seeds(keys, *trees):
+        return lifted(run.axis.stack(list(keys)), *trees)
+
+    over_seeds.__name__ = over_seeds.__qualname__ = name
+    program = jax.jit(over_seeds, compiler_options=compiles.EAGER_NUMERICS if draws else None)
+    return lambda keys, *trees: program(keys, *jax.device_put(trees, run.replicated))
+
+
+def overrides(method: methods.Method, hook: str) -> bool:
+    """Whether `method` has its own `hook` (the base's does nothing: no program to run)."""
+    return getattr(type(method), hook) is not getattr(methods.Method, hook)
+
+
 def with_heads(run: Run, trainable: Params) -> Params:
     """Every task's head added to every seed's tree, head t initialised (`run.method.head_init`)
     from `fold_in(key, 1000 + t)` as if it grew at task t's start: the tree's shapes hold for
-    the whole run (the classes of later tasks are masked, their heads get no gradient)."""
+    the whole run (the classes of later tasks are masked, their heads get no gradient). One
+    program for every seed."""
     width, init = run.cfg.model.hidden_size, run.method.head_init
 
-    def one_seed(i: int, tree: Params) -> Params:
+    def one_seed(key: jax.Array, tree: Params) -> Params:
         for t, n in enumerate(run.head_sizes):
-            tree = head.grow(tree, jax.random.fold_in(run.keys[i], 1000 + t), n, width, init)
+            tree = head.grow(tree, jax.random.fold_in(key, 1000 + t), n, width, init)
         return tree
 
-    return run.axis.map(one_seed, trainable)
+    return _program(run, "with_heads", lambda: _on_seeds(run, one_seed, "with_heads", draws=True))(
+        run.keys, trainable
+    )
 
 
 def grow(run: Run, trainable: Params, task: int) -> Params:
     """Adds the method's own task leaves of task `task` to every seed's tree (the heads are
-    there from the start, `with_heads`)."""
+    there from the start, `with_heads`): one jitted program per task, or the method's hook on
+    the host where it computes there (`Method.grows_on_host`)."""
+    if not overrides(run.method, "grow"):
+        return trainable
+    if run.method.grows_on_host:
+        keys = [jax.random.fold_in(key, 2000 + task) for key in run.keys]
+        return run.axis.map(lambda i, tree: run.method.grow(task, tree, keys[i]), trainable)
 
-    def one_seed(i: int, tree: Params) -> Params:
-        return run.method.grow(task, tree, jax.random.fold_in(run.keys[i], 2000 + task))
+    def one_seed(key: jax.Array, tree: Params) -> Params:
+        return run.method.grow(task, tree, jax.random.fold_in(key, 2000 + task))
 
-    return run.axis.map(one_seed, trainable)
+    name = f"grow_task_{task}"
+    program = _program(run, name, lambda: _on_seeds(run, one_seed, name, draws=True))
+    return program(run.keys, trainable)
 
 
 def first_trainable(run: Run) -> Params:
@@ -337,32 +410,41 @@ def trainable_for(run: Run, task: int) -> Params:
 
 
 def initial_method_state(run: Run) -> Params:
-    """Every seed's method state before task 0 (`Method.init_state` of task 0's tree)."""
-    first = run.axis.unstack(trainable_for(run, 0))
-    return run.axis.stack([run.method.init_state(tr) for tr in first])
+    """Every seed's method state before task 0 (`Method.init_state` of task 0's tree), one
+    program for every seed."""
+    trainable = trainable_for(run, 0)
+    if not overrides(run.method, "init_state"):
+        return run.axis.stack([run.method.init_state(tr) for tr in run.axis.unstack(trainable)])
+
+    def one_seed(key: jax.Array, tree: Params) -> Params:
+        return run.method.init_state(tree)
+
+    program = _program(run, "init_state", lambda: _on_seeds(run, one_seed, "init_state"))
+    return program(run.keys, trainable)
 
 
 def fresh_state(
     run: Run, trainable: Params, method_state: Params, global_step: int
 ) -> steps.TrainState:
-    """A task's first state: a new optimizer state, task step 0, the seed's RNG."""
-    tx = steps.optimizer(run.cfg, run.axis.unstack(trainable)[0])
-    states = [
-        steps.TrainState(
+    """A task's first state: a new optimizer state, task step 0, the seed's RNG; one program
+    for every seed, whose outputs are new buffers (the train step donates its state, which
+    must never alias `initial_peft`)."""
+
+    def one_seed(key: jax.Array, tr: Params, ms: Params, step: jax.Array) -> steps.TrainState:
+        return steps.TrainState(
             trainable=tr,
-            opt_state=tx.init(tr),
+            opt_state=steps.optimizer(run.cfg, tr).init(tr),
             method_state=ms,
             task_step=jnp.zeros([], jnp.int32),
-            global_step=jnp.asarray(global_step, jnp.int32),
+            global_step=step,
             rng=jax.random.fold_in(key, 7),
             first_bad_step=jnp.asarray(-1, jnp.int32),
         )
-        for tr, ms, key in zip(
-            run.axis.unstack(trainable), run.axis.unstack(method_state), run.keys, strict=True
-        )
-    ]
-    # Copies: the train step donates its state, which must never alias `initial_peft`.
-    state = jax.tree.map(lambda x: jnp.array(x, copy=True), run.axis.stack(states))
+
+    program = _program(
+        run, "fresh_state", lambda: _on_seeds(run, one_seed, "fresh_state", (0, 0, 0, None))
+    )
+    state = program(run.keys, trainable, method_state, np.int32(global_step))
     return jax.device_put(state, run.replicated)
 
 

@@ -2,13 +2,15 @@
 
     run(cfg, workdir)
       build            the data cut into tasks, every seed's backbone and fresh PEFT, the
-                       method (`setup.build`), then the run's jitted programs (`build_programs`:
-                       the train step, its `lax.scan` over device-resident data, the evaluation)
+                       method (`setup.build`), then the run's programs (`build_programs`: the
+                       train step, its `lax.scan` over device-resident data, the evaluation),
+                       each compiled once, at its first use
       restore          the newest checkpoint of `<workdir>/checkpoints`, if any (`restore`)
       for each task t:
         begin_task     the method's begin hook (e.g. LwF's frozen copy), its task leaves, a
                        fresh optimizer state
-        fit check      once, before this process's first step: does the step fit the device?
+        fit check      once, before this process's first step: compiles the programs and
+                       reads their memory analysis: do they fit the device?
         train_task     the step loop: `optim.epochs` epochs (the last `max_steps_per_task`
                        capped), the alpha schedule restarting per task, PEFT frozen for the first
                        `optim.peft_freeze_epochs` epochs of tasks >= 1; logging every
@@ -145,17 +147,21 @@ def begin_task(run: Run, t: int, state: TrainState | None) -> TrainState:
     else:
         trainable, method_state = state.trainable, state.method_state
         global_step = run.axis.first(state.global_step)
-    pairs = [
-        run.method.begin_task(spec, tr, ms, task_context(run, t, i))
-        for i, (tr, ms) in enumerate(_per_seed(run, trainable, method_state))
-    ]
-    trainable = setup.grow(run, run.axis.stack([p[0] for p in pairs]), t)
-    method_state = run.axis.stack([p[1] for p in pairs])
+    if setup.overrides(run.method, "begin_task"):  # else nothing to unstack and restack
+        pairs = [
+            run.method.begin_task(spec, tr, ms, task_context(run, t, i))
+            for i, (tr, ms) in enumerate(_per_seed(run, trainable, method_state))
+        ]
+        trainable = run.axis.stack([p[0] for p in pairs])
+        method_state = run.axis.stack([p[1] for p in pairs])
+    trainable = setup.grow(run, trainable, t)
     return setup.fresh_state(run, trainable, method_state, global_step)
 
 
 def end_task(run: Run, t: int, state: TrainState) -> TrainState:
     """Applies the method's end hook to every seed."""
+    if not setup.overrides(run.method, "end_task"):
+        return state
     spec = task_spec(run, t)
     method_state = run.axis.stack(
         [
@@ -243,27 +249,45 @@ def eval_step_fn(run: Run) -> Callable:
 
 @dataclasses.dataclass(frozen=True)
 class Programs:
-    """The run's programs. `steps`, `train` and `scanned` are keyed by `static_key`: one entry
-    for a constant learning rate, one per distinct epoch length otherwise."""
+    """The run's programs, each compiled once (`compiles.Once`), at its first use: the fit
+    check's (`check_fit`, which reads the executables' memory analysis) or training's. `steps`
+    and `train` are keyed by `static_key` (one entry for a constant learning rate, one per
+    distinct epoch length otherwise); `scanned` by (`static_key`, steps per call), made at
+    first use (`scanned_program`): the task's data is padded to the largest task's, so its size
+    is no key."""
 
-    steps: dict[int | None, Callable]  # the train step, not jitted (the fit check lowers it)
-    train: dict[int | None, Callable]  # jit(step), the state donated
-    scanned: dict[int | None, Callable]  # jit(multi_step), the state donated
-    evaluate: Callable  # jit(eval_step)
+    steps: dict[int | None, Callable]  # the train step, not jitted (`aepg_jax.plan` lowers it)
+    train: dict[int | None, compiles.Once]  # the step, the state donated
+    scanned: dict[tuple[int | None, int], compiles.Once]  # multi_step, the state donated
+    evaluate: compiles.Once  # eval_step
 
 
 def build_programs(run: Run) -> Programs:
-    """Every program of the run, jitted once (compiled at its first call)."""
+    """Every program of the run, none compiled yet."""
     keys = sorted({static_key(run, t) for t in range(run.num_tasks)}, key=lambda k: k or 0)
     step_fns = {k: train_step_fn(run, k) for k in keys}
     return Programs(
         steps=step_fns,
-        train={k: jax.jit(s, donate_argnums=(0,)) for k, s in step_fns.items()},
-        scanned={
-            k: jax.jit(scanned_steps_fn(run, s), donate_argnums=(0,)) for k, s in step_fns.items()
-        },
-        evaluate=jax.jit(eval_step_fn(run)),
+        train={k: compiles.Once(s, donate_argnums=(0,)) for k, s in step_fns.items()},
+        scanned={},
+        evaluate=compiles.Once(eval_step_fn(run)),
     )
+
+
+def scanned_program(run: Run, programs: Programs, key: int | None, k: int) -> compiles.Once:
+    """The scanned train program of `k` steps per call for the tasks of `static_key` `key`."""
+    if (key, k) not in programs.scanned:
+        multi_step = scanned_steps_fn(run, programs.steps[key])
+        programs.scanned[key, k] = compiles.Once(multi_step, donate_argnums=(0,))
+    return programs.scanned[key, k]
+
+
+def largest_task(run: Run) -> int:
+    """The trained task with the most training examples (the first of them): the scanned
+    program holds every task's data padded to its size."""
+    tasks = run.data.tasks.tasks
+    trained = _trained_from(run, 0) or [0]
+    return max(trained, key=lambda i: len(tasks[i].train_indices))
 
 
 def run_step_fn(run: Run, t: int, phase: bool | None = None) -> Callable:
@@ -362,18 +386,22 @@ def _step_chunks(run: Run, train: Callable, t: int, plan: TaskPlan, state, step:
 
 
 def _scanned_chunks(
-    run: Run, scanned: Callable, t: int, plan: TaskPlan, state, step: int
+    run: Run, programs: Programs, t: int, plan: TaskPlan, state, step: int
 ) -> Chunks:
     """`optim.steps_per_call` steps per call (`scanned_steps_fn`), the task's training data
-    resident on the device; batches in the loader's order (per seed). Yields (state, step, k,
-    metrics[[S,] k])."""
+    resident on the device, padded with zeros to the largest task's size (the rows never read
+    the padding; one program serves every task); batches in the loader's order (per seed).
+    Yields (state, step, k, metrics[[S,] k])."""
     task_data = run.data.tasks.tasks[t]
     batch_size, n = run.cfg.optim.batch_size, len(task_data.train_indices)
-    images = jax.device_put(run.data.train.images[task_data.train_indices], run.replicated)
-    labels = jax.device_put(
-        run.data.tasks.train_labels[task_data.train_indices].astype(np.int32), run.replicated
-    )
+    padded = len(run.data.tasks.tasks[largest_task(run)].train_indices)
+    images = np.zeros((padded, *run.data.train.images.shape[1:]), run.data.train.images.dtype)
+    images[:n] = run.data.train.images[task_data.train_indices]
+    labels = np.zeros((padded,), np.int32)
+    labels[:n] = run.data.tasks.train_labels[task_data.train_indices]
+    images, labels = jax.device_put((images, labels), run.replicated)
     task, total = task_args(run, t)
+    key = static_key(run, t)
     while step < plan.total_steps:
         epoch = step // plan.steps_per_epoch
         within = step - epoch * plan.steps_per_epoch
@@ -391,6 +419,7 @@ def _scanned_chunks(
         )  # (k, S, B)
         if not run.axis.vmapped:
             rows = rows[:, 0]
+        scanned = scanned_program(run, programs, key, k)
         state, ms = scanned(
             state, run.frozen, images, labels, jnp.asarray(rows, jnp.int32), task, total
         )
@@ -498,7 +527,7 @@ def train_task(
         return state
     key = static_key(run, t)
     if cfg.optim.steps_per_call > 1:
-        stream = _scanned_chunks(run, programs.scanned[key], t, plan, state, start_step)
+        stream = _scanned_chunks(run, programs, t, plan, state, start_step)
     else:
         stream = _step_chunks(run, programs.train[key], t, plan, state, start_step)
     seeds = f" x {len(run.axis.seeds)} seeds" if run.axis.vmapped else ""
@@ -553,11 +582,11 @@ def _trained_from(run: Run, t: int) -> list[int]:
 def _scanned_fit_program(
     run: Run, programs: Programs, t: int, state: TrainState
 ) -> tuple[str, fit.Program]:
-    """(name, program): the scanned train program (`_scanned_chunks`) of the largest task from
-    `t` on, as `fit.check` measures it: the task's images and labels as shapes (replicated on
-    each device while the task trains: `resident`), its longest chunk of steps."""
+    """(name, program): the scanned train program (`_scanned_chunks`) compiled for its longest
+    chunk of steps, as `fit.check` measures it, with the task data it holds on each device while
+    a task trains (`resident`: every task's data padded to the largest task's)."""
     cfg, tasks = run.cfg, run.data.tasks.tasks
-    largest = max(_trained_from(run, t), key=lambda i: len(tasks[i].train_indices))
+    largest = largest_task(run)
     n, images = len(tasks[largest].train_indices), run.data.train.images
     plan = plan_task(cfg, tasks[largest])
     k = min(cfg.optim.steps_per_call, plan.steps_per_epoch, plan.total_steps)
@@ -568,19 +597,21 @@ def _scanned_fit_program(
         jax.ShapeDtypeStruct((n, *images.shape[1:]), images.dtype, sharding=run.replicated),
         jax.ShapeDtypeStruct((n,), jnp.int32, sharding=run.replicated),
         jax.ShapeDtypeStruct((k, *seeds, cfg.optim.batch_size), jnp.int32),
-        *task_args(run, largest),
+        *task_args(run, t),
     )
-    scanned = scanned_steps_fn(run, programs.steps[static_key(run, largest)])
+    compiled = scanned_program(run, programs, static_key(run, largest), k).compile(*args)
     resident = n * (int(np.prod(images.shape[1:])) * images.dtype.itemsize + 4)
     name = f"the train program scanning task {largest + 1}'s {n} examples"
-    return name, fit.Program(scanned, args, "optim.batch_size", cfg.optim.batch_size, resident)
+    return name, fit.Program(compiled, "optim.batch_size", cfg.optim.batch_size, resident)
 
 
 def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
-    """`fit.check` of every program tasks `t`.. run: the train step on task `t`'s first batch
-    (its shapes are those of every task), or with `optim.steps_per_call > 1` the scanned
-    program holding the largest task's data on the device (neither when no task from `t` on
-    trains); the evaluation; the method's own passes (`AEPG_FIT_CHECK=0` skips)."""
+    """`fit.check` of every program tasks `t`.. run, compiled here for training to run (each
+    once: `Programs`): the train step on the first trained task's first batch (its shapes are
+    those of every task), or with `optim.steps_per_call > 1` the scanned program holding the
+    largest task's data on the device (neither when no task from `t` on trains); the
+    evaluation; the method's own passes (`AEPG_FIT_CHECK=0` skips: the programs then compile
+    at their first call)."""
     if not fit.enabled():
         return
     cfg = run.cfg
@@ -597,7 +628,7 @@ def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
     eval_args = (state.trainable, state.method_state, run.frozen, eval_batch, spec, spec)
     checked = {
         "the evaluation": fit.Program(
-            eval_step_fn(run), eval_args, "eval.batch_size", cfg.eval.batch_size
+            programs.evaluate.compile(*eval_args), "eval.batch_size", cfg.eval.batch_size
         ),
     }
     trained = _trained_from(run, t)
@@ -607,18 +638,17 @@ def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
     elif trained:
         first = trained[0]
         batch = next(train_batches(run, first, epoch=0))
-        train_args = (state, run.frozen, batch, *task_args(run, first))
-        checked["the train step"] = fit.Program(
-            programs.steps[static_key(run, first)],
-            train_args,
-            "optim.batch_size",
-            cfg.optim.batch_size,
+        compiled = programs.train[static_key(run, first)].compile(
+            state, run.frozen, batch, *task_args(run, first)
         )
+        checked["the train step"] = fit.Program(compiled, "optim.batch_size", cfg.optim.batch_size)
     one = run.axis.unstack(state.trainable)[0], run.axis.unstack(state.method_state)[0]
     hosted = run.method.host_programs(*one, run.frozen_of(0), eval_batch, t)
     for name, (fn, args, _passes) in hosted.items():
+        # The method's hook calls the same jitted `fn`: jax keeps this compilation for it.
+        jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
         checked[f"{run.method.name}'s {name}"] = fit.Program(
-            fn, args, "eval.batch_size", cfg.eval.batch_size
+            jitted.lower(*args).compile(), "eval.batch_size", cfg.eval.batch_size
         )
     fit.check(checked)
 

@@ -4,7 +4,8 @@ A method is a `Method` subclass: class attributes (name, predictors, config defa
 called by the task loop at fixed points. Its own state (`method_state`, any pytree of arrays,
 `{}` for plain) is carried in the `TrainState`, checkpointed and vmapped over seeds with it.
 
-Host side, once per task (outside jit, one seed at a time):
+Host side, once per task (outside jit, one seed at a time; `grow` and `init_state` are traced
+into one jitted program over every seed unless `grows_on_host`):
     begin_task(task, trainable, state, ctx) -> (trainable, state)   before task t's own leaves
     grow(task, trainable, key) -> trainable                         task t's own new leaves
     end_task(task, trainable, state, ctx) -> state                  after training, before eval
@@ -139,6 +140,9 @@ class Method:
     # paper configs apply with `settings=reference` ({}: the paper's own, Table 5).
     reference_settings: ClassVar[dict[str, Any]] = {}
     uses_model_peft: ClassVar[bool] = True  # False: it ignores `model.peft` (own parameters)
+    # `grow` and `init_state` run inside one jitted program (per task, per run) unless the
+    # method's `grow` computes on the host (numpy): then it is called as is, per seed.
+    grows_on_host: ClassVar[bool] = False
     # Backbone forward passes beyond the model's own, for the sweep's cost estimate
     # (`plan/estimate.py`): per training image, per evaluated image, over each task's data.
     extra_train_forwards: ClassVar[int] = 0
@@ -199,8 +203,10 @@ class Method:
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The method's own jitted programs, as its host hooks call them for one seed at task
         `task`: `{name: (fn, args, passes)}`, `fn(*args)` run on each evaluation-sized batch of
-        the task's training images (`batch`), `passes` times per task and seed. For planning
-        (`aepg_jax.plan` compiles them for accelerators); `{}`: none."""
+        the task's training images (`batch`), `passes` times per task and seed; `fn` is the
+        jitted function the hooks call, so that the fit check's compilation is theirs. For
+        planning (`aepg_jax.plan` compiles them for accelerators) and the fit check; `{}`:
+        none."""
         return {}
 
     # -- inside the jitted train step ---------------------------------------------------------
@@ -239,6 +245,13 @@ class Method:
         logits = net.apply(partition.merge(trainable, frozen), images, task.head_sizes)[0]
         logits = mask_unseen(logits, task)
         return {"model": softmax_probs(logits)}, logits
+
+
+@jax.jit
+def copied(tree: Params) -> Params:
+    """`tree` in new buffers (a jitted program's outputs never alias its inputs): one program
+    for the whole tree, where `jnp.copy` leaf by leaf would compile one per leaf shape."""
+    return jax.tree.map(jnp.copy, tree)
 
 
 def peft_of(trainable: Params) -> Params:

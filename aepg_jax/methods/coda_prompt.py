@@ -101,6 +101,7 @@ class CodaPrompt(prompting.PromptMethod):
     """CODA-P: a weighted sum of prompt components per block, new components per task."""
 
     name = "coda_prompt"
+    grows_on_host = True  # Gram-Schmidt in numpy (`orthogonalise`)
     defaults: ClassVar[dict[str, Any]] = {
         "coda_pool_size": 100,
         "coda_length": 8,

@@ -145,7 +145,8 @@ class InfLoRA(Method):
         self.width = int(cfg.model.hidden_size)
         self.num_tasks = int(cfg.data.num_tasks)
         self.net = Network(_backbone_cfg(cfg.model, self.blocks, self.rank))
-        self._cov_step: Callable | None = None
+        # One compilation for the run (the task index is traced), shared with the fit check.
+        self._cov_step = jax.jit(self._covariance_sums)
         if cfg.model.peft.kind != "none":
             logging.info(
                 "InfLoRA brings its own LoRA pairs: model.peft (%s) is not used.",
@@ -268,8 +269,6 @@ class InfLoRA(Method):
     ) -> np.ndarray:
         """`mean_tokens x x^T` (n_blocks, D, D) of each block's attention input over the task's
         training images (test transform), with LoRAs 0..task-1 and `lora` as task's B."""
-        if self._cov_step is None:  # one compilation for the run (the task index is traced)
-            self._cov_step = jax.jit(self._covariance_sums)
         lora = lora or {"B_k": self._zeros_b(), "B_v": self._zeros_b()}
         task_index = jnp.asarray(task, jnp.int32)
         sums, count = None, 0
@@ -292,7 +291,7 @@ class InfLoRA(Method):
         """The covariance pass, run twice per task (`begin_task` and `end_task`)."""
         lora = {"B_k": self._zeros_b(), "B_v": self._zeros_b()}
         args = (frozen, state, lora, batch, jnp.asarray(task, jnp.int32))
-        return {"covariance": (self._covariance_sums, args, 2)}
+        return {"covariance": (self._cov_step, args, 2)}
 
     def _covariance_sums(self, frozen, state, lora, batch, task):
         """`(sum over the batch's valid tokens of x x^T (n_blocks, D, D), their count)`."""

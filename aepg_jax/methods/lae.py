@@ -26,6 +26,7 @@ from aepg_jax.methods.base import (
     Params,
     TaskContext,
     TaskSpec,
+    copied,
     heads_of,
     mask_unseen,
     peft_of,
@@ -51,13 +52,13 @@ class LAE(Method):
     def init_state(self, trainable: Params) -> Params:
         # A copy of the PEFT from the start (run-static shapes); unused during task 0, which
         # ends by copying the trained PEFT over it.
-        return jax.tree.map(jnp.copy, peft_of(trainable))
+        return copied(peft_of(trainable))
 
     def end_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
     ) -> Params:
         if task.index == 0:
-            return jax.tree.map(jnp.copy, peft_of(trainable))
+            return copied(peft_of(trainable))
         return state
 
     def after_step(self, trainable: Params, state: Params, task: TaskSpec) -> Params:

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from aepg_jax import losses
-from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec
+from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec, copied
 from aepg_jax.models import partition
 
 
@@ -51,14 +51,14 @@ class LwF(Method):
 
     def init_state(self, trainable: Params) -> Params:
         # A copy from the start (run-static shapes); unused during task 0.
-        return jax.tree.map(jnp.copy, trainable)
+        return copied(trainable)
 
     def begin_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
     ) -> tuple[Params, Params]:
         if task.index == 0:
             return trainable, state
-        return trainable, jax.tree.map(jnp.copy, trainable)
+        return trainable, copied(trainable)
 
     def forward(
         self,

@@ -33,7 +33,7 @@ from ml_collections import config_flags  # noqa: E402 (after aot_env.ensure)
 
 from aepg_jax.config import command_line  # noqa: E402 (after aot_env.ensure)
 from aepg_jax.plan import report  # noqa: E402 (after aot_env.ensure)
-from aepg_jax.system import cli  # noqa: E402 (after aot_env.ensure)
+from aepg_jax.system import cli, xla_cache  # noqa: E402 (after aot_env.ensure)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, configs/<name>.py[:args], as for aepg_jax.main.", lock_config=True
@@ -59,6 +59,9 @@ def main(argv: list[str]) -> None:
     if any(v is not None for v in given) and not all(v is not None for v in given):
         cli.fail("--num_train, --num_test and --num_classes go together; give all three.")
     sizes = given if all(v is not None for v in given) else None
+    # The config's persistent compilation cache, as `aepg_jax.main`'s: it keeps the host's
+    # programs (jax reads no compile-only TPU/GPU executable back).
+    xla_cache.enable(xla_cache.directory(_CONFIG.value.get("compile_cache", xla_cache.DEFAULT)))
     try:
         problem = report.plan(_CONFIG.value, _TARGETS.value, sizes, _MAX_BATCH.value, sys.stdout)
     except ValueError as err:

@@ -44,6 +44,7 @@ NOT_IDENTITY = frozenset({
     "data.data_dir", "data.cache_dir", "data.verify_cache", "model.checkpoint",
     "pretrain.data_dir", "pretrain.cache_dir", "log_every_steps", "checkpoint_every_steps",
     "checkpoint_every_minutes", "checkpoint_every_epochs", "tensorboard", "distributed",
+    "compile_cache",
 })  # fmt: skip
 
 # Fields added with a default that is not what configs written before them ran with: a saved

@@ -36,6 +36,8 @@ Fields (defaults in brackets; docs/algorithm.md §9, §16):
                                event files in the workdir; False: metrics.jsonl only
   max_steps_per_epoch [None]   cap on steps per epoch (smoke tests)
   distributed [False]          call jax.distributed.initialize() (multi-host)
+  compile_cache [~/.cache/aepg_jax/xla]  JAX's persistent compilation cache ("" turns it
+                               off; AEPG_COMPILE_CACHE overrides it): as the continual schema's
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def base_config(preset: str = "resnet50") -> ml_collections.ConfigDict:
     c.tensorboard = True
     c.max_steps_per_epoch = config_dict.placeholder(int)
     c.distributed = False
+    c.compile_cache = "~/.cache/aepg_jax/xla"  # system/xla_cache.py DEFAULT
     return c
 
 

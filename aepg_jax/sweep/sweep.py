@@ -57,7 +57,7 @@ from aepg_jax import experiments
 from aepg_jax.experiments import layout, registry
 from aepg_jax.runs import lock
 from aepg_jax.sweep import claims, overview, preflight
-from aepg_jax.system import cli, preemption
+from aepg_jax.system import cli, preemption, xla_cache
 
 EXIT_FAILED_RUNS = 1
 DEFAULT_CPUS_PER_WORKER = 2
@@ -114,8 +114,9 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument(
         "--compile_cache",
-        help="JAX's persistent compilation cache, shared by the runs (seeds of a cell compile "
-        "the same programs); default DIR/.jax_cache, '' for none",
+        help="JAX's persistent compilation cache, shared by the runs and the workers (seeds of "
+        "a cell compile the same programs); default ~/.cache/aepg_jax/xla, as aepg_jax.main's "
+        "compile_cache; '' for none; AEPG_COMPILE_CACHE overrides it",
     )
     parser.add_argument(
         "--rerun_changed",
@@ -391,7 +392,7 @@ def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: in
         f'  scontrol requeue "{task}"',
         'elif [ "$status" -eq 137 ]; then',
         '  echo "error: the worker was killed by SIGKILL: most likely out of memory (the'
-        ' kernel\'s OOM killer; sacct -j $SLURM_JOB_ID -o MaxRSS shows its peak); resubmit to'
+        " kernel's OOM killer; sacct -j $SLURM_JOB_ID -o MaxRSS shows its peak); resubmit to"
         ' resume from the last checkpoint" >&2',
         "fi",
         'exit "$status"',
@@ -463,17 +464,13 @@ def sweep(
     return failed, save_failed
 
 
-def enable_compile_cache(path: str) -> None:
-    """Every compiled program is kept in `path` and reused by later runs (and other shards):
-    the seeds of a cell run the same programs, so only the first compiles (the numbers are
-    those of a run without the cache)."""
-    if not path:
-        return
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+def enable_compile_cache(path: str | None) -> None:
+    """Every compiled program is kept in the persistent cache and reused by later runs (and
+    other workers): the seeds of a cell run the same programs, so only the first compiles (the
+    numbers are those of a run without the cache). `path` None: the project's cache
+    (`xla_cache.directory`); "": none. The runs' own `compile_cache` fields are not read: one
+    cache serves the sweep's process."""
+    xla_cache.enable(xla_cache.directory() if path is None else xla_cache.directory(path))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -525,9 +522,7 @@ def main(argv: Sequence[str]) -> int:
             print(f"kept the run of another config as {path}", flush=True)
     except ValueError as err:
         cli.fail(str(err))
-    enable_compile_cache(
-        os.path.join(root, ".jax_cache") if args.compile_cache is None else args.compile_cache
-    )
+    enable_compile_cache(args.compile_cache)
     name = os.path.abspath(args.experiment) if args.experiment.endswith(".py") else experiment.name
     layout.write_sweep_file(root, name, overrides)
     try:
