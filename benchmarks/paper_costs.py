@@ -1,0 +1,351 @@
+"""What each experiment costs on one GPU: GPU-hours and peak memory per run and per experiment,
+from the planner (`python -m aepg_jax.plan`, docs/planning.md), compiled without a GPU.
+
+    bash scripts/install.sh aot        # the planner's venv, .venv-aot (docs/planning.md)
+    .venv/bin/python benchmarks/paper_costs.py --out=costs.jsonl   # compiles: about an hour
+    .venv/bin/python benchmarks/paper_costs.py --out=costs.jsonl --render
+
+Every run of the experiments (`--experiments`, default the paper's tables and figures and the
+baselines' papers) is loaded as the sweep would run it. Runs whose programs have the same shapes
+up to their heads (the same model, method, PEFT, batch sizes and seeds) form a group; one run of
+each group is compiled for each `--targets` GPU (`plan/report.py`'s `cost_on`, every program of
+the run: task 1's step, the last task's head-only and PEFT steps, the evaluation, a method's own
+passes). Per run:
+
+  peak memory = the largest peak of its group's programs on that GPU (arguments + outputs -
+                aliased + temporaries, per device, XLA's buffer assignment)
+  GPU-hours   = sum over the run's programs of calls x images per call x FLOPs per image
+                / (the GPU's peak FLOP/s at the run's dtype x 40% MFU) / 3600
+
+with the calls of `plan/project.py` (the run's own task split and step counts) and the FLOPs
+per image of its group's programs (the program lowered on the host, as the planner counts
+them; the head's few classes more or less change them by < 0.1%). The GPU's peak is the
+planner's (`plan/targets.py` CHIPS: H100 SXM 494.5 TFLOP/s TF32, A100 SXM 156 TFLOP/s TF32,
+f32 matmuls at XLA's default precision). Host work (decoding images, checkpoints) is not
+counted; the first epoch of each dataset also decodes its images into the cache.
+
+The from-scratch runs (trainer `scratch`, Table 4 and Fig. 4) are not planned by
+`aepg_jax.plan`; here their train step (`scratch/train_step.py`, the ResNet and SGD of the
+config) and evaluation step are compiled the same way: calls = epochs x steps per epoch, and
+epochs x test batches.
+
+`--render` prints the markdown tables of docs/paper.md ("What a run costs") from the JSON
+lines: per experiment, the runs, GPU-hours (all runs, and the longest run) per GPU, and the
+largest peak; then per group its peak per GPU and whether it fits a 24 GB card (jax
+preallocates 75% of a GPU's memory, `XLA_PYTHON_CLIENT_MEM_FRACTION`: 16.8 GiB of 24 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import sys
+import time
+
+# Compile-only GPU targets need the planner's venv (`bash scripts/install.sh aot`): without its
+# CUDA plugin here, this script re-executes itself with .venv-aot's Python.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from aepg_jax.plan import aot_env
+
+if __name__ == "__main__" and "--render" not in sys.argv:
+    _gpu = any("gpu:" in a for a in sys.argv[1:]) or not any(
+        a.startswith("--targets") for a in sys.argv[1:]
+    )
+    if _gpu and not aot_env.installed(aot_env.MODULES["gpu"]):
+        _python = aot_env.aot_python()
+        if not _python.is_file():
+            sys.exit(f"error: GPU targets need the planner's venv: {aot_env.INSTALL}.")
+        os.execv(_python, [str(_python), os.path.abspath(__file__), *sys.argv[1:]])
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "--xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false"
+    ).strip()
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from aepg_jax import losses, schedules
+from aepg_jax.config import schema
+from aepg_jax.data import datasets
+from aepg_jax.experiments import layout, registry
+from aepg_jax.models import resnet
+from aepg_jax.plan import programs, project, report, shapes, targets
+from aepg_jax.plan.targets import GiB
+from aepg_jax.scratch import config as scratch_config
+from aepg_jax.scratch import train_step as ts
+from aepg_jax.scratch import trainer as scratch_trainer
+from aepg_jax.sweep import preflight
+
+MFU = report.MFU
+CARD_24GB = 0.75 * 24e9  # bytes jax preallocates on a 24 GB card
+DEFAULT_EXPERIMENTS = (
+    "table1,table2,table3,table4,table6,table8,fig1,fig2,fig3a,fig3b,fig4,fig5,fig6,"
+    "backbones,coda_prompt,inflora,pilot"
+)
+# Fields that leave a run's programs as they are (what it reads, where it writes, its seed).
+_NOT_SHAPE = {"init", "checkpoint", "hub", "weights", "seed"}
+
+
+def _config(unit: layout.Unit):
+    return preflight.load_config(unit.config_arg, unit.overrides(()))
+
+
+def group_key(cfg) -> str:
+    """Runs with equal keys compile programs of the same shapes (up to their heads)."""
+    model = {k: v for k, v in cfg.model.to_dict().items() if k not in _NOT_SHAPE}
+    if cfg.trainer != "continual":
+        return json.dumps(["scratch", model, cfg.optim.batch_size, cfg.num_seeds], default=str)
+    return json.dumps(
+        [
+            model,
+            cfg.method.to_dict(),
+            cfg.optim.batch_size,
+            cfg.eval.batch_size,
+            cfg.num_seeds,
+            cfg.optim.steps_per_call,
+            cfg.data.store_size,
+        ],
+        sort_keys=True,
+        default=str,
+    )
+
+
+def describe(cfg) -> str:
+    m = cfg.model
+    if cfg.trainer != "continual":
+        return f"scratch ResNet (blocks {list(m.stage_sizes)}), batch {cfg.optim.batch_size}"
+    peft = m.peft.kind if m.peft.kind != "none" else "no PEFT"
+    return (
+        f"{cfg.method.name}, {peft}, batch {cfg.optim.batch_size}, "
+        f"{m.image_size} px, {m.dtype}, width {m.hidden_size}"
+    )
+
+
+# -- the continual trainer: the planner's own programs -------------------------------------------
+
+
+def continual_programs(cfg):
+    run = shapes.shape_run(cfg)
+    return run, report.all_programs(run)
+
+
+def continual_work(cfg, per_image: list[float]) -> float:
+    """The run's FLOPs: calls x images per call x its group's FLOPs per image, per program."""
+    run, progs = continual_programs(cfg)
+    counts = project.calls(run)
+    if len(progs) != len(per_image):
+        raise ValueError(f"{len(progs)} programs, the group has {len(per_image)}")
+    return sum(counts.get(p.name, 0) * p.images * f for p, f in zip(progs, per_image, strict=True))
+
+
+# -- the from-scratch trainer --------------------------------------------------------------------
+
+
+def scratch_programs(cfg) -> tuple[dict[str, int], list[programs.Program]]:
+    """The scratch trainer's train and eval steps as planner programs, and their calls."""
+    train, test, classes = shapes.SIZES[datasets.size_key(cfg.data)]
+    o = cfg.optim
+    steps = scratch_trainer.steps_per_epoch(train, cfg)
+    tx, lr = ts.make_optimizer(
+        o.learning_rate,
+        o.momentum,
+        o.nesterov,
+        o.weight_decay,
+        tuple(o.milestones),
+        o.lr_decay,
+        steps,
+    )
+    model = resnet.build(scratch_config.resnet_spec(cfg), classes)
+    size = cfg.data.image_size
+    mean, std = (0.5,) * 3, (0.25,) * 3
+    step = ts.make_train_step(
+        model.apply,
+        losses.get_loss(cfg.loss.name, **schema.loss_kwargs(cfg)),
+        losses.is_annealed(cfg.loss.name),
+        schedules.get_schedule(cfg.schedule.name, o.epochs * steps, **schema.schedule_kwargs(cfg)),
+        tx,
+        lr,
+        ts.AugmentConfig(cfg.data.pad, cfg.data.flip_prob, mean, std),
+    )
+
+    def init():
+        keys = jax.random.PRNGKey(0)[None]
+        variables = resnet.init_seeds(model, keys, size)
+        variables = jax.tree.map(lambda x: x[0], variables)
+        return ts.TrainState(
+            variables["params"],
+            variables["batch_stats"],
+            tx.init(variables["params"]),
+            jnp.zeros([], jnp.int32),
+            jax.random.PRNGKey(1),
+        )
+
+    state = jax.eval_shape(init)
+    b = o.batch_size
+    batch = {
+        "image": jax.ShapeDtypeStruct((b, size, size, 3), jnp.uint8),
+        "label": jax.ShapeDtypeStruct((b,), jnp.int32),
+    }
+    evaluate = ts.make_eval_step(model.apply, mean, std)
+    e = cfg.eval.batch_size
+    eval_batch = {
+        "image": jax.ShapeDtypeStruct((e, size, size, 3), jnp.uint8),
+        "label": jax.ShapeDtypeStruct((e,), jnp.int32),
+        "mask": jax.ShapeDtypeStruct((e,), jnp.bool_),
+    }
+    rep, bat = programs.REPLICATED, programs.BATCH
+    progs = [
+        programs.Program("train step", "train", step, (state, batch), (rep, bat), (0,), b),
+        programs.Program(
+            "eval step",
+            "eval",
+            evaluate,
+            (state.params, state.batch_stats, eval_batch),
+            (rep, rep, bat),
+            (),
+            e,
+        ),
+    ]
+    calls = {"train step": o.epochs * steps, "eval step": o.epochs * math.ceil(test / e)}
+    return calls, progs
+
+
+# -- measuring and rendering ---------------------------------------------------------------------
+
+
+def measure(names: list[str], specs: list[str], out) -> None:
+    chosen = [targets.parse(s) for s in specs]
+    exps = registry.registry()
+    members: dict[str, list[tuple[str, str, object]]] = collections.defaultdict(list)
+    for name in names:
+        for unit in layout.units(exps[name].runs(), False):
+            cfg = _config(unit)
+            members[group_key(cfg)].append((name, unit.name, cfg))
+    print(f"{sum(map(len, members.values()))} runs in {len(members)} groups", flush=True)
+    for g, runs in enumerate(members.values()):
+        cfg = runs[0][2]
+        scratch = cfg.trainer != "continual"
+        if scratch:
+            calls, progs = scratch_programs(cfg)
+        else:
+            progs = continual_programs(cfg)[1]
+        per_image = [p.host_flops / p.images for p in progs]
+        peaks: dict[str, float | None] = {}
+        for target in chosen:
+            try:
+                costs = [report.cost_on(p, target, shapes.random_init(cfg)) for p in progs]
+                peaks[target.label] = max(c.peak for c in costs)
+            except report.Misfit as err:
+                print(f"  {err}", flush=True)
+                peaks[target.label] = None
+        done: dict[str, float] = {}
+        for experiment, run_name, run_cfg in runs:
+            if scratch:
+                pairs = zip(progs, per_image, strict=True)
+                flops = sum(calls[p.name] * p.images * f for p, f in pairs)
+            else:
+                work_key = json.dumps(
+                    [run_cfg.data.to_dict(), run_cfg.optim.to_dict(), run_cfg.max_steps_per_task],
+                    sort_keys=True,
+                    default=str,
+                )
+                if work_key not in done:
+                    done[work_key] = continual_work(run_cfg, per_image)
+                flops = done[work_key]
+            row = {
+                "experiment": experiment,
+                "run": run_name,
+                "group": g,
+                "describe": describe(run_cfg),
+                "pflop": flops / 1e15,
+                "hours": {
+                    t.label: flops / (t.peak(run_cfg.model.get("dtype", "float32")) * MFU) / 3600
+                    for t in chosen
+                },
+                "peak_gib": {k: (None if v is None else v / GiB) for k, v in peaks.items()},
+                "date": time.strftime("%Y-%m-%d"),
+            }
+            out.write(json.dumps(row) + "\n")
+        out.flush()
+        print(f"group {g}: {describe(cfg)}, {len(runs)} runs, peak {peaks}", flush=True)
+
+
+def _fmt_h(hours: float) -> str:
+    return f"{hours:,.0f}" if hours >= 10 else f"{hours:.1f}" if hours >= 0.1 else f"{hours:.2f}"
+
+
+def render(path: str) -> str:
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    labels = list(rows[0]["hours"])
+    short = {lab: lab.split(" (")[0] for lab in labels}
+    lines = [
+        "| experiment | runs | "
+        + " | ".join(f"GPU-h on {short[lab]} (longest run)" for lab in labels)
+        + " | peak GiB | runs over 24 GB |",
+        "|---|---:|" + "---:|" * len(labels) + "---:|---:|",
+    ]
+    by_exp: dict[str, list[dict]] = collections.defaultdict(list)
+    for r in rows:
+        by_exp[r["experiment"]].append(r)
+
+    def peak(r):
+        values = [v for v in r["peak_gib"].values() if v is not None]
+        return max(values) if values else math.inf
+
+    for name, rs in by_exp.items():
+        hours = []
+        for lab in labels:
+            each = [r["hours"][lab] for r in rs]
+            hours.append(f"{_fmt_h(sum(each))} ({_fmt_h(max(each))})")
+        over = sum(peak(r) * GiB > CARD_24GB for r in rs)
+        lines.append(
+            f"| `{name}` | {len(rs)} | " + " | ".join(hours) + f" | {max(map(peak, rs)):.1f} | "
+            f"{over} |"
+        )
+    seen = {}
+    for r in rows:
+        seen.setdefault(r["run"], r)
+    total = [f"{_fmt_h(sum(r['hours'][lab] for r in seen.values()))}" for lab in labels]
+    lines.append(f"| all, each run once | {len(seen)} | " + " | ".join(total) + " | | |")
+    lines += [
+        "",
+        "| group | runs | " + " | ".join(f"peak GiB {short[lab]}" for lab in labels) + " | 24 GB |",
+        "|---|---:|" + "---:|" * len(labels) + "---|",
+    ]
+    groups: dict[int, list[dict]] = collections.defaultdict(list)
+    for r in seen.values():
+        groups[r["group"]].append(r)
+    for _, rs in sorted(groups.items()):
+        peaks = [rs[0]["peak_gib"][lab] for lab in labels]
+        fits = all(p is not None and p * GiB <= CARD_24GB for p in peaks)
+        cells = " | ".join("does not fit" if p is None else f"{p:.2f}" for p in peaks)
+        lines.append(
+            f"| {rs[0]['describe']} | {len(rs)} | {cells} | {'fits' if fits else 'does not fit'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--experiments", default=DEFAULT_EXPERIMENTS)
+    p.add_argument("--targets", default="gpu:h100,gpu:a100")
+    p.add_argument("--out", required=True, help="JSON lines, one per run (appended)")
+    p.add_argument("--render", action="store_true", help="print the tables of --out; exit")
+    args = p.parse_args(argv)
+    if args.render:
+        print(render(args.out))
+        return 0
+    with open(args.out, "a") as out:
+        measure(args.experiments.split(","), args.targets.split(","), out)
+    print(render(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    sys.exit(main())
