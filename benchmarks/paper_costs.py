@@ -6,20 +6,21 @@ from the planner (`python -m aepg_jax.plan`, docs/planning.md), compiled without
     .venv/bin/python benchmarks/paper_costs.py --out=costs.jsonl --render
 
 Every run of the experiments (`--experiments`, default the paper's tables and figures and the
-baselines' papers) is loaded as the sweep would run it. Runs whose programs have the same shapes
-up to their heads (the same model, method, PEFT, batch sizes and seeds) form a group; one run of
+baselines' papers) is loaded as the sweep would run it. Runs with the same backbone, PEFT,
+method, batch sizes and seeds form a group (their task counts, heads and a method's
+hyper-parameters, such as a prompt pool's size, may differ); the first run of
 each group is compiled for each `--targets` GPU (`plan/report.py`'s `cost_on`, every program of
 the run: task 1's step, the last task's head-only and PEFT steps, the evaluation, a method's own
 passes). Per run:
 
-  peak memory = the largest peak of its group's programs on that GPU (arguments + outputs -
-                aliased + temporaries, per device, XLA's buffer assignment)
+  peak memory = the largest peak of its group's first run's programs on that GPU (arguments +
+                outputs - aliased + temporaries, per device, XLA's buffer assignment)
   GPU-hours   = sum over the run's programs of calls x images per call x FLOPs per image
                 / (the GPU's peak FLOP/s at the run's dtype x 40% MFU) / 3600
 
-with the calls of `plan/project.py` (the run's own task split and step counts) and the FLOPs
-per image of its group's programs (the program lowered on the host, as the planner counts
-them; the head's few classes more or less change them by < 0.1%). The GPU's peak is the
+with the calls and images per call of the run's own programs (`plan/project.py`: its task
+split and step counts) and the FLOPs per image of the program of the same role in its group's
+first run (lowered on the host, as the planner counts them). The GPU's peak is the
 planner's (`plan/targets.py` CHIPS: H100 SXM 494.5 TFLOP/s TF32, A100 SXM 156 TFLOP/s TF32,
 f32 matmuls at XLA's default precision). Host work (decoding images, checkpoints) is not
 counted; the first epoch of each dataset also decodes its images into the cache.
@@ -42,6 +43,7 @@ import collections
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -96,23 +98,23 @@ def _config(unit: layout.Unit):
 
 
 def group_key(cfg) -> str:
-    """Runs with equal keys compile programs of the same shapes (up to their heads)."""
+    """Runs with equal keys compile programs of nearly the same memory: the same backbone,
+    PEFT, method, batch sizes and seeds (their heads, task counts and method hyper-parameters
+    such as a prompt pool's size may differ)."""
     model = {k: v for k, v in cfg.model.to_dict().items() if k not in _NOT_SHAPE}
     if cfg.trainer != "continual":
         return json.dumps(["scratch", model, cfg.optim.batch_size, cfg.num_seeds], default=str)
     return json.dumps(
-        [
-            model,
-            cfg.method.to_dict(),
-            cfg.optim.batch_size,
-            cfg.eval.batch_size,
-            cfg.num_seeds,
-            cfg.optim.steps_per_call,
-            cfg.data.store_size,
-        ],
+        [model, cfg.method.name, cfg.optim.batch_size, cfg.eval.batch_size, cfg.num_seeds],
         sort_keys=True,
         default=str,
     )
+
+
+def role(name: str) -> str:
+    """A program's role in any run: `train task 1`, `train task N head-only`, `train task N`,
+    `eval after task N`, or a method program's own name (numbers replaced)."""
+    return name if name == "train task 1" else re.sub(r"\d+", "N", name)
 
 
 def describe(cfg) -> str:
@@ -134,13 +136,12 @@ def continual_programs(cfg):
     return run, report.all_programs(run)
 
 
-def continual_work(cfg, per_image: list[float]) -> float:
-    """The run's FLOPs: calls x images per call x its group's FLOPs per image, per program."""
+def continual_work(cfg, per_image: dict[str, float]) -> float:
+    """The run's FLOPs: its programs' calls x images per call x its group's FLOPs per image of
+    the program of the same role."""
     run, progs = continual_programs(cfg)
     counts = project.calls(run)
-    if len(progs) != len(per_image):
-        raise ValueError(f"{len(progs)} programs, the group has {len(per_image)}")
-    return sum(counts.get(p.name, 0) * p.images * f for p, f in zip(progs, per_image, strict=True))
+    return sum(counts.get(p.name, 0) * p.images * per_image[role(p.name)] for p in progs)
 
 
 # -- the from-scratch trainer --------------------------------------------------------------------
@@ -234,7 +235,7 @@ def measure(names: list[str], specs: list[str], out) -> None:
             calls, progs = scratch_programs(cfg)
         else:
             progs = continual_programs(cfg)[1]
-        per_image = [p.host_flops / p.images for p in progs]
+        per_image = {role(p.name): p.host_flops / p.images for p in progs}
         peaks: dict[str, float | None] = {}
         for target in chosen:
             try:
@@ -246,11 +247,15 @@ def measure(names: list[str], specs: list[str], out) -> None:
         done: dict[str, float] = {}
         for experiment, run_name, run_cfg in runs:
             if scratch:
-                pairs = zip(progs, per_image, strict=True)
-                flops = sum(calls[p.name] * p.images * f for p, f in pairs)
+                flops = sum(calls[p.name] * p.images * per_image[p.name] for p in progs)
             else:
                 work_key = json.dumps(
-                    [run_cfg.data.to_dict(), run_cfg.optim.to_dict(), run_cfg.max_steps_per_task],
+                    [
+                        run_cfg.data.to_dict(),
+                        run_cfg.optim.to_dict(),
+                        run_cfg.method.to_dict(),
+                        run_cfg.max_steps_per_task,
+                    ],
                     sort_keys=True,
                     default=str,
                 )
