@@ -91,12 +91,13 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = _Parser(
         prog="python -m aepg_jax.sweep",
         description=__doc__,
+        epilog="experiments (--experiment=NAME):\n" + registry.listing(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--experiment",
         required=True,
-        help="table1, table2, ..., fig6, paper, demo, or a .py file with EXPERIMENT",
+        help="an experiment listed below, or a .py file defining EXPERIMENT",
     )
     parser.add_argument("--workdir", help="the sweep's directory (DIR)")
     parser.add_argument(
@@ -391,7 +392,7 @@ def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: in
         f'  scontrol requeue "{task}"',
         'elif [ "$status" -eq 137 ]; then',
         '  echo "error: the worker was killed by SIGKILL: most likely out of memory (the'
-        ' kernel\'s OOM killer; sacct -j $SLURM_JOB_ID -o MaxRSS shows its peak); resubmit to'
+        " kernel's OOM killer; sacct -j $SLURM_JOB_ID -o MaxRSS shows its peak); resubmit to"
         ' resume from the last checkpoint" >&2',
         "fi",
         'exit "$status"',
