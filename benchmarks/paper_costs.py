@@ -54,7 +54,7 @@ from aepg_jax.plan import aot_env
 
 if __name__ == "__main__" and "--render" not in sys.argv:
     _gpu = any("gpu:" in a for a in sys.argv[1:]) or not any(
-        a.startswith("--targets") for a in sys.argv[1:]
+        a.startswith("--memory_targets") for a in sys.argv[1:]
     )
     if _gpu and not aot_env.installed(aot_env.MODULES["gpu"]):
         _python = aot_env.aot_python()
@@ -219,31 +219,35 @@ def scratch_programs(cfg) -> tuple[dict[str, int], list[programs.Program]]:
 # -- measuring and rendering ---------------------------------------------------------------------
 
 
-def measure(names: list[str], specs: list[str], out) -> None:
-    chosen = [targets.parse(s) for s in specs]
+def _hours(flops: float, chip: str, dtype: str) -> float:
+    c = targets.CHIPS[chip]
+    return flops / ((c.peak_bf16 if dtype == "bfloat16" else c.peak_f32) * MFU) / 3600
+
+
+def measure(names: list[str], chips: list[str], memory_specs: list[str], out) -> None:
+    """Pass 1: every run's FLOPs and GPU-hours (programs lowered on the host, no compile), one
+    `run` row each; pass 2: each group's task-1 train step compiled for each memory target, one
+    `peak` row per group (largest groups first, so that an interrupted pass 2 leaves the
+    most-used figures)."""
     exps = registry.registry()
     members: dict[str, list[tuple[str, str, object]]] = collections.defaultdict(list)
     for name in names:
         for unit in layout.units(exps[name].runs(), False):
             cfg = _config(unit)
             members[group_key(cfg)].append((name, unit.name, cfg))
-    print(f"{sum(map(len, members.values()))} runs in {len(members)} groups", flush=True)
-    for g, runs in enumerate(members.values()):
+    groups = sorted(members.values(), key=len, reverse=True)
+    print(f"{sum(map(len, groups))} runs in {len(groups)} groups", flush=True)
+    first_programs = []
+    for g, runs in enumerate(groups):
         cfg = runs[0][2]
         scratch = cfg.trainer != "continual"
         if scratch:
             calls, progs = scratch_programs(cfg)
+            per_image = {p.name: p.host_flops / p.images for p in progs}
         else:
             progs = continual_programs(cfg)[1]
-        per_image = {role(p.name): p.host_flops / p.images for p in progs}
-        peaks: dict[str, float | None] = {}
-        for target in chosen:
-            try:
-                costs = [report.cost_on(p, target, shapes.random_init(cfg)) for p in progs]
-                peaks[target.label] = max(c.peak for c in costs)
-            except report.Misfit as err:
-                print(f"  {err}", flush=True)
-                peaks[target.label] = None
+            per_image = {role(p.name): p.host_flops / p.images for p in progs}
+        first_programs.append((cfg, progs[0]))
         done: dict[str, float] = {}
         for experiment, run_name, run_cfg in runs:
             if scratch:
@@ -262,22 +266,33 @@ def measure(names: list[str], specs: list[str], out) -> None:
                 if work_key not in done:
                     done[work_key] = continual_work(run_cfg, per_image)
                 flops = done[work_key]
+            dtype = run_cfg.model.get("dtype", "float32")
             row = {
+                "kind": "run",
                 "experiment": experiment,
                 "run": run_name,
                 "group": g,
-                "describe": describe(run_cfg),
                 "pflop": flops / 1e15,
-                "hours": {
-                    t.label: flops / (t.peak(run_cfg.model.get("dtype", "float32")) * MFU) / 3600
-                    for t in chosen
-                },
-                "peak_gib": {k: (None if v is None else v / GiB) for k, v in peaks.items()},
+                "hours": {chip: _hours(flops, chip, dtype) for chip in chips},
                 "date": time.strftime("%Y-%m-%d"),
             }
             out.write(json.dumps(row) + "\n")
         out.flush()
-        print(f"group {g}: {describe(cfg)}, {len(runs)} runs, peak {peaks}", flush=True)
+        print(f"group {g}: {describe(cfg)}, {len(runs)} runs: FLOPs done", flush=True)
+    chosen = [targets.parse(s) for s in memory_specs]
+    for g, (cfg, program) in enumerate(first_programs):
+        peaks: dict[str, float | None] = {}
+        for target in chosen:
+            try:
+                cost = report.cost_on(program, target, shapes.random_init(cfg))
+                peaks[target.label.split(" (")[0]] = cost.peak / GiB
+            except report.Misfit as err:
+                print(f"  {err}", flush=True)
+                peaks[target.label.split(" (")[0]] = None
+        row = {"kind": "peak", "group": g, "describe": describe(cfg), "peak_gib": peaks}
+        out.write(json.dumps(row | {"date": time.strftime("%Y-%m-%d")}) + "\n")
+        out.flush()
+        print(f"group {g}: {describe(cfg)}: peak {peaks}", flush=True)
 
 
 def _fmt_h(hours: float) -> str:
@@ -285,60 +300,66 @@ def _fmt_h(hours: float) -> str:
 
 
 def render(path: str) -> str:
-    rows = [json.loads(line) for line in open(path) if line.strip()]
-    labels = list(rows[0]["hours"])
-    short = {lab: lab.split(" (")[0] for lab in labels}
+    lines_in = [json.loads(line) for line in open(path) if line.strip()]
+    rows = [r for r in lines_in if r["kind"] == "run"]
+    peaks = {r["group"]: r for r in lines_in if r["kind"] == "peak"}
+    chips = list(rows[0]["hours"])
+    mem = sorted({k for r in peaks.values() for k in r["peak_gib"]})
+    name = {c: targets.CHIPS[c].description.split(" ")[0] for c in chips}
+
+    def peak(r) -> float | None:
+        found = peaks.get(r["group"])
+        values = [v for v in (found or {}).get("peak_gib", {}).values() if v is not None]
+        return max(values) if values else None
+
     lines = [
         "| experiment | runs | "
-        + " | ".join(f"GPU-h on {short[lab]} (longest run)" for lab in labels)
+        + " | ".join(f"GPU-h, {name[c]} (longest run)" for c in chips)
         + " | peak GiB | runs over 24 GB |",
-        "|---|---:|" + "---:|" * len(labels) + "---:|---:|",
+        "|---|---:|" + "---:|" * len(chips) + "---:|---:|",
     ]
     by_exp: dict[str, list[dict]] = collections.defaultdict(list)
     for r in rows:
         by_exp[r["experiment"]].append(r)
-
-    def peak(r):
-        values = [v for v in r["peak_gib"].values() if v is not None]
-        return max(values) if values else math.inf
-
-    for name, rs in by_exp.items():
+    for exp, rs in by_exp.items():
         hours = []
-        for lab in labels:
-            each = [r["hours"][lab] for r in rs]
+        for c in chips:
+            each = [r["hours"][c] for r in rs]
             hours.append(f"{_fmt_h(sum(each))} ({_fmt_h(max(each))})")
-        over = sum(peak(r) * GiB > CARD_24GB for r in rs)
+        known = [p for p in map(peak, rs) if p is not None]
+        top = f"{max(known):.1f}" if known else "?"
+        over = sum(p * GiB > CARD_24GB for p in known)
+        unknown = f" (+{len(rs) - len(known)} ?)" if len(known) < len(rs) else ""
         lines.append(
-            f"| `{name}` | {len(rs)} | " + " | ".join(hours) + f" | {max(map(peak, rs)):.1f} | "
-            f"{over} |"
+            f"| `{exp}` | {len(rs)} | " + " | ".join(hours) + f" | {top} | {over}{unknown} |"
         )
-    seen = {}
+    seen: dict[str, dict] = {}
     for r in rows:
         seen.setdefault(r["run"], r)
-    total = [f"{_fmt_h(sum(r['hours'][lab] for r in seen.values()))}" for lab in labels]
+    total = [_fmt_h(sum(r["hours"][c] for r in seen.values())) for c in chips]
     lines.append(f"| all, each run once | {len(seen)} | " + " | ".join(total) + " | | |")
     lines += [
         "",
-        "| group | runs | " + " | ".join(f"peak GiB {short[lab]}" for lab in labels) + " | 24 GB |",
-        "|---|---:|" + "---:|" * len(labels) + "---|",
+        "| runs of | runs | " + " | ".join(f"peak GiB, {m}" for m in mem) + " | a 24 GB card |",
+        "|---|---:|" + "---:|" * len(mem) + "---|",
     ]
-    groups: dict[int, list[dict]] = collections.defaultdict(list)
-    for r in seen.values():
-        groups[r["group"]].append(r)
-    for _, rs in sorted(groups.items()):
-        peaks = [rs[0]["peak_gib"][lab] for lab in labels]
-        fits = all(p is not None and p * GiB <= CARD_24GB for p in peaks)
-        cells = " | ".join("does not fit" if p is None else f"{p:.2f}" for p in peaks)
-        lines.append(
-            f"| {rs[0]['describe']} | {len(rs)} | {cells} | {'fits' if fits else 'does not fit'} |"
-        )
+    counts = collections.Counter(r["group"] for r in seen.values())
+    for g, r in sorted(peaks.items()):
+        values = [r["peak_gib"].get(m) for m in mem]
+        fits = all(v is not None and v * GiB <= CARD_24GB for v in values)
+        cells = " | ".join("does not fit" if v is None else f"{v:.2f}" for v in values)
+        verdict = "fits" if fits else "does not fit"
+        lines.append(f"| {r['describe']} | {counts[g]} | {cells} | {verdict} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--experiments", default=DEFAULT_EXPERIMENTS)
-    p.add_argument("--targets", default="gpu:h100,gpu:a100")
+    p.add_argument("--chips", default="h100,a100", help="GPU-hours at these chips' peaks")
+    p.add_argument(
+        "--memory_targets", default="gpu:h100", help="compile task 1's step for these targets"
+    )
     p.add_argument("--out", required=True, help="JSON lines, one per run (appended)")
     p.add_argument("--render", action="store_true", help="print the tables of --out; exit")
     args = p.parse_args(argv)
@@ -346,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         print(render(args.out))
         return 0
     with open(args.out, "a") as out:
-        measure(args.experiments.split(","), args.targets.split(","), out)
+        measure(
+            args.experiments.split(","), args.chips.split(","), args.memory_targets.split(","), out
+        )
     print(render(args.out))
     return 0
 
