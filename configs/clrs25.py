@@ -14,8 +14,8 @@ Arguments (`configs/clrs25.py:key=value,...`, defaults in brackets):
 
 Data (required): CLRS is not in TFDS. Unpack it (ROOT/<class>/*, 25 class directories, 600
 images each, 256 px), check and copy it with `python -m aepg_jax.prepare clrs25 --source=ROOT
---data_dir=DIR`, and pass `--config.data.data_dir=DIR/clrs25` (ROOT itself works too); the
-config leaves data.data_dir unset and validation rejects it until you do. Train and
+--data_dir=DIR`, and pass `--config.data.data_dir=DIR` (the data root; DIR/clrs25 or ROOT works
+too); the config leaves data.data_dir unset and validation rejects it until you do. Train and
 test are a stratified 80/20 split drawn by data.split_seed (0, the same for every run). Weights
 (required): the augreg `B_16-i21k-300ep-...-res_224.npz` of the paper's footnote (see
 configs/README.md), passed with `--config.model.checkpoint=$CKPT`.
