@@ -73,10 +73,11 @@ import numpy as np
 
 from aepg_jax import losses, schedules
 from aepg_jax.config import schema
-from aepg_jax.data import datasets
+from aepg_jax.continual import trainer
+from aepg_jax.data import datasets, loader
 from aepg_jax.experiments import layout, registry
 from aepg_jax.models import resnet
-from aepg_jax.plan import programs, project, report, shapes, targets
+from aepg_jax.plan import programs, report, shapes, targets
 from aepg_jax.plan.targets import GiB
 from aepg_jax.scratch import config as scratch_config
 from aepg_jax.scratch import train_step as ts
@@ -136,12 +137,26 @@ def continual_programs(cfg):
     return run, report.all_programs(run)
 
 
-def continual_work(cfg, per_image: dict[str, float]) -> float:
-    """The run's FLOPs: its programs' calls x images per call x its group's FLOPs per image of
-    the program of the same role."""
-    run, progs = continual_programs(cfg)
-    counts = project.calls(run)
-    return sum(counts.get(p.name, 0) * p.images * per_image[role(p.name)] for p in progs)
+def continual_work(cfg, per_image: dict[str, float], passes: dict[str, int]) -> float:
+    """The run's FLOPs: calls x images per call of each program role x its group's FLOPs per
+    image of that role. The calls are `plan/project.py`'s, counted from the run's task split
+    (`shapes.run_data`, no arrays built); `passes`: the group's method programs' passes over
+    each task's training data."""
+    tasks = shapes.run_data(cfg).tasks.tasks
+    plans = [trainer.plan_task(cfg, task) for task in tasks]
+    seeds, e = cfg.num_seeds, cfg.eval.batch_size
+    b = cfg.optim.batch_size * seeds
+    work = {"train task 1": plans[0].total_steps * b}
+    if len(tasks) > 1:
+        work["train task N head-only"] = sum(p.freeze_steps for p in plans[1:]) * b
+        work["train task N"] = sum(p.total_steps - p.freeze_steps for p in plans[1:]) * b
+    per_task = [loader.num_batches(len(t.test_indices), e, False) for t in tasks]
+    evals = sum(sum(per_task[: t + 1]) for t in range(len(tasks)))
+    work["eval after task N"] = evals * e * seeds
+    train_batches = sum(loader.num_batches(len(t.train_indices), e, False) for t in tasks)
+    for name, n in passes.items():
+        work[role(name)] = n * seeds * train_batches * e
+    return sum(images * per_image[r] for r, images in work.items() if images)
 
 
 # -- the from-scratch trainer --------------------------------------------------------------------
@@ -245,8 +260,9 @@ def measure(names: list[str], chips: list[str], memory_specs: list[str], out) ->
             calls, progs = scratch_programs(cfg)
             per_image = {p.name: p.host_flops / p.images for p in progs}
         else:
-            progs = continual_programs(cfg)[1]
+            run, progs = continual_programs(cfg)
             per_image = {role(p.name): p.host_flops / p.images for p in progs}
+            passes = programs.method_passes(run)
         first_programs.append((cfg, progs[0]))
         done: dict[str, float] = {}
         for experiment, run_name, run_cfg in runs:
@@ -264,7 +280,7 @@ def measure(names: list[str], chips: list[str], memory_specs: list[str], out) ->
                     default=str,
                 )
                 if work_key not in done:
-                    done[work_key] = continual_work(run_cfg, per_image)
+                    done[work_key] = continual_work(run_cfg, per_image, passes)
                 flops = done[work_key]
             dtype = run_cfg.model.get("dtype", "float32")
             row = {
