@@ -239,7 +239,20 @@ def _hours(flops: float, chip: str, dtype: str) -> float:
     return flops / ((c.peak_bf16 if dtype == "bfloat16" else c.peak_f32) * MFU) / 3600
 
 
-def measure(names: list[str], chips: list[str], memory_specs: list[str], out) -> None:
+def _first_program(cfg) -> programs.Program:
+    if cfg.trainer != "continual":
+        return scratch_programs(cfg)[1][0]
+    return continual_programs(cfg)[1][0]
+
+
+def measure(
+    names: list[str],
+    chips: list[str],
+    memory_specs: list[str],
+    out,
+    only: set[int] | None = None,
+    flops: bool = True,
+) -> None:
     """Pass 1: every run's FLOPs and GPU-hours (programs lowered on the host, no compile), one
     `run` row each; pass 2: each group's task-1 train step compiled for each memory target, one
     `peak` row per group (largest groups first, so that an interrupted pass 2 leaves the
@@ -255,6 +268,12 @@ def measure(names: list[str], chips: list[str], memory_specs: list[str], out) ->
     first_programs = []
     for g, runs in enumerate(groups):
         cfg = runs[0][2]
+        if only is not None and g not in only:
+            first_programs.append(None)
+            continue
+        if not flops:
+            first_programs.append((cfg, _first_program(cfg)))
+            continue
         scratch = cfg.trainer != "continual"
         if scratch:
             calls, progs = scratch_programs(cfg)
@@ -296,7 +315,10 @@ def measure(names: list[str], chips: list[str], memory_specs: list[str], out) ->
         out.flush()
         print(f"group {g}: {describe(cfg)}, {len(runs)} runs: FLOPs done", flush=True)
     chosen = [targets.parse(s) for s in memory_specs]
-    for g, (cfg, program) in enumerate(first_programs):
+    for g, found in enumerate(first_programs):
+        if found is None:
+            continue
+        cfg, program = found
         peaks: dict[str, float | None] = {}
         for target in chosen:
             try:
@@ -378,13 +400,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", required=True, help="JSON lines, one per run (appended)")
     p.add_argument("--render", action="store_true", help="print the tables of --out; exit")
+    p.add_argument("--groups", help="only these groups (numbers as printed), e.g. 0,1,2")
+    p.add_argument("--memory_only", action="store_true", help="no FLOPs pass (no run rows)")
     args = p.parse_args(argv)
     if args.render:
         print(render(args.out))
         return 0
     with open(args.out, "a") as out:
         measure(
-            args.experiments.split(","), args.chips.split(","), args.memory_targets.split(","), out
+            args.experiments.split(","),
+            args.chips.split(","),
+            args.memory_targets.split(","),
+            out,
+            None if args.groups is None else {int(g) for g in args.groups.split(",")},
+            not args.memory_only,
         )
     print(render(args.out))
     return 0
