@@ -359,7 +359,10 @@ def render(path: str) -> str:
     by_exp: dict[str, list[dict]] = collections.defaultdict(list)
     for r in rows:
         by_exp[r["experiment"]].append(r)
+    exps = registry.registry()
     for exp, rs in by_exp.items():
+        expected = len(layout.units(exps[exp].runs(), False)) if exp in exps else len(rs)
+        count = f"{len(rs)}" if len(rs) == expected else f"{len(rs)} of {expected}"
         hours = []
         for c in chips:
             each = [r["hours"][c] for r in rs]
@@ -369,7 +372,7 @@ def render(path: str) -> str:
         over = sum(p * GiB > CARD_24GB for p in known)
         unknown = f" (+{len(rs) - len(known)} ?)" if len(known) < len(rs) else ""
         lines.append(
-            f"| `{exp}` | {len(rs)} | " + " | ".join(hours) + f" | {top} | {over}{unknown} |"
+            f"| `{exp}` | {count} | " + " | ".join(hours) + f" | {top} | {over}{unknown} |"
         )
     seen: dict[str, dict] = {}
     for r in rows:
