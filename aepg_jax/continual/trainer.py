@@ -75,8 +75,9 @@ class TaskPlan:
 
 
 def plan_task(cfg: ml_collections.ConfigDict, task: splits.Task) -> TaskPlan:
-    """`epochs * floor(examples / batch)` steps (capped by `max_steps_per_task`), the first
-    `total * peft_freeze_epochs / epochs` of them head-only for tasks >= 1."""
+    """`epochs * floor(examples / batch)` steps (capped by `max_steps_per_task`; none on a task
+    the method does not train), the first `total * peft_freeze_epochs / epochs` of them
+    head-only for tasks >= 1."""
     o = cfg.optim
     per_epoch = loader.num_batches(len(task.train_indices), o.batch_size, drop_last=True)
     if per_epoch == 0:
@@ -85,6 +86,8 @@ def plan_task(cfg: ml_collections.ConfigDict, task: splits.Task) -> TaskPlan:
             f"optim.batch_size={o.batch_size}; lower the batch size or use fewer tasks."
         )
     total = o.epochs * per_epoch
+    if not methods.get(cfg.method.name)(cfg).trains_task(task.index):
+        total = 0
     if cfg.max_steps_per_task:
         total = min(total, cfg.max_steps_per_task)
     freeze = int(total * o.peft_freeze_epochs / o.epochs) if task.index >= 1 else 0
@@ -538,6 +541,12 @@ def train_task(
     return state
 
 
+def _trained_from(run: Run, t: int) -> list[int]:
+    """The tasks from `t` on that have optimizer steps."""
+    tasks = run.data.tasks.tasks
+    return [i for i in range(t, run.num_tasks) if plan_task(run.cfg, tasks[i]).total_steps]
+
+
 def _scanned_fit_program(
     run: Run, programs: Programs, t: int, state: TrainState
 ) -> tuple[str, fit.Program]:
@@ -545,7 +554,7 @@ def _scanned_fit_program(
     `t` on, as `fit.check` measures it: the task's images and labels as shapes (replicated on
     each device while the task trains: `resident`), its longest chunk of steps."""
     cfg, tasks = run.cfg, run.data.tasks.tasks
-    largest = max(range(t, run.num_tasks), key=lambda i: len(tasks[i].train_indices))
+    largest = max(_trained_from(run, t), key=lambda i: len(tasks[i].train_indices))
     n, images = len(tasks[largest].train_indices), run.data.train.images
     plan = plan_task(cfg, tasks[largest])
     k = min(cfg.optim.steps_per_call, plan.steps_per_epoch, plan.total_steps)
@@ -567,8 +576,8 @@ def _scanned_fit_program(
 def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
     """`fit.check` of every program tasks `t`.. run: the train step on task `t`'s first batch
     (its shapes are those of every task), or with `optim.steps_per_call > 1` the scanned
-    program holding the largest task's data on the device; the evaluation; the method's own
-    passes (`AEPG_FIT_CHECK=0` skips)."""
+    program holding the largest task's data on the device (neither when no task from `t` on
+    trains); the evaluation; the method's own passes (`AEPG_FIT_CHECK=0` skips)."""
     if not fit.enabled():
         return
     cfg = run.cfg
@@ -583,21 +592,25 @@ def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
     eval_batch = next(iter(test))
     spec = task_spec(run, t).traced()
     eval_args = (state.trainable, state.method_state, run.frozen, eval_batch, spec, spec)
-    if cfg.optim.steps_per_call > 1:
-        train_name, train = _scanned_fit_program(run, programs, t, state)
-    else:
-        batch = next(train_batches(run, t, epoch=0))
-        train_args = (state, run.frozen, batch, *task_args(run, t))
-        train_name = "the train step"
-        train = fit.Program(
-            programs.steps[static_key(run, t)], train_args, "optim.batch_size", cfg.optim.batch_size
-        )
     checked = {
-        train_name: train,
         "the evaluation": fit.Program(
             eval_step_fn(run), eval_args, "eval.batch_size", cfg.eval.batch_size
         ),
     }
+    trained = _trained_from(run, t)
+    if trained and cfg.optim.steps_per_call > 1:
+        train_name, train = _scanned_fit_program(run, programs, t, state)
+        checked[train_name] = train
+    elif trained:
+        first = trained[0]
+        batch = next(train_batches(run, first, epoch=0))
+        train_args = (state, run.frozen, batch, *task_args(run, first))
+        checked["the train step"] = fit.Program(
+            programs.steps[static_key(run, first)],
+            train_args,
+            "optim.batch_size",
+            cfg.optim.batch_size,
+        )
     one = run.axis.unstack(state.trainable)[0], run.axis.unstack(state.method_state)[0]
     hosted = run.method.host_programs(*one, run.frozen_of(0), eval_batch, t)
     for name, (fn, args, _passes) in hosted.items():

@@ -9,7 +9,8 @@ How to add a method:
      more than one, `defaults` for its `method.*` config fields and `check` to validate them,
      and the hooks it needs (its state's structure in `state_like`, task-boundary work in
      `begin_task` / `grow` / `end_task`, its forward pass and extra loss in `forward`,
-     per-step updates in `after_step`, its predictors in `predict`).
+     per-step updates in `after_step`, its predictors in `predict`, the tasks it does not
+     train in `trains_task`; class prototypes from `prototypes.py`).
   2. Add the class to `REGISTRY` below.
 Nothing else changes: the loop, the steps, checkpoints and reports pick it up.
 """

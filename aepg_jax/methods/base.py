@@ -9,6 +9,8 @@ Host side, once per task (outside jit, one seed at a time):
     grow(task, trainable, key) -> trainable                         task t's own new leaves
     end_task(task, trainable, state, ctx) -> state                  after training, before eval
     init_state(trainable) -> state                                  the state before task 0
+    trains_task(task) -> bool                  False: task t gets no optimizer step (its hooks
+                                               and evaluation still run)
     state_like(task, phase, trainable_at) -> state                  a checkpoint's structure
 Inside the jitted train step (pure):
     forward(net, trainable, frozen, state, images, task) -> (logits, extra_loss | None)
@@ -156,6 +158,11 @@ class Method:
         return []
 
     # -- host side -------------------------------------------------------------------------
+
+    def trains_task(self, task: int) -> bool:
+        """Whether task `task` has optimizer steps; a method that only computes statistics
+        (class prototypes) on some tasks returns False for them."""
+        return True
 
     def init_state(self, trainable: Params) -> Params:
         """The method state before task 0, given the first trainable tree (every task's head
