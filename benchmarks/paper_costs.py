@@ -124,8 +124,8 @@ def describe(cfg) -> str:
         return f"scratch ResNet (blocks {list(m.stage_sizes)}), batch {cfg.optim.batch_size}"
     peft = m.peft.kind if m.peft.kind != "none" else "no PEFT"
     return (
-        f"{cfg.method.name}, {peft}, batch {cfg.optim.batch_size}, "
-        f"{m.image_size} px, {m.dtype}, width {m.hidden_size}"
+        f"{cfg.method.name}, {peft}, batch {cfg.optim.batch_size}, {m.image_size} px, {m.dtype}, "
+        f"{m.get('family', 'vit')} width {m.hidden_size} patch {m.patch_size}"
     )
 
 
