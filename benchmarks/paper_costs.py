@@ -418,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             None if args.groups is None else {int(g) for g in args.groups.split(",")},
             not args.memory_only,
         )
-    print(render(args.out))
+    if not args.memory_only:  # peaks alone render with the run rows of a FLOPs pass
+        print(render(args.out))
     return 0
 
 
