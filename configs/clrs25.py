@@ -38,9 +38,11 @@ One of them:
       --workdir=runs/clrs25/t2_adapter-aepg-0
 
 Run a whole experiment, resumably, and set our numbers beside the paper's (docs/paper.md):
+with every dataset prepared into one data root $DATA (clrs25/ beside the TFDS datasets), one
+sweep runs all of Table 2's runs, CLRS25's included:
 
-    python -m aepg_jax.sweep --experiment=table2 --where=config=clrs25 --workdir=runs/table2 \
-      --config.model.checkpoint=$CKPT --config.data.data_dir=$CLRS
+    python -m aepg_jax.sweep --experiment=table2 --workdir=runs/table2 \
+      --config.model.checkpoint=$CKPT --config.data.data_dir=$DATA
     python -m aepg_jax.tables runs/table2
 """
 
