@@ -9,7 +9,7 @@ every row is reported as a ratio to the **minimal** step measured in the same ru
   Dense head), float32 images already on the device (no augmentation), softmax CE, `optax.adam`
   on LoRA + head only, frozen parameters a separate jit argument, trainable parameters and Adam
   state donated.
-  `minimal_issue`: the same step with LoRA rank 8 on Q and V of every block.
+  `minimal_qv_all`: the same step with LoRA rank 8 on Q and V of every block.
 * `ours`: the real `train_step.make_train_step` as the task loop builds it (uint8 256 px batch
   copied to the device each step, on-device RandomResizedCrop + flip + normalise, exact GELU,
   the partitioned optimizer with its gated PEFT label, the metrics), state donated.
@@ -55,7 +55,7 @@ import step_harness
 
 ROWS = (
     "minimal",
-    "minimal_issue",
+    "minimal_qv_all",
     "model_only",
     "ours",
     "ours -augment",
@@ -133,8 +133,8 @@ def model_only_runner(model: str, batch: int) -> tuple[Callable[[], None], float
 
 def make_runner(row: str, model: str, batch: int) -> tuple[Callable[[], None], float | None]:
     """`(step, XLA temporaries MiB or None)` of one row."""
-    if row in ("minimal", "minimal_issue"):
-        return minimal_step.minimal_runner(model, batch, qv_all_blocks=row == "minimal_issue")
+    if row in ("minimal", "minimal_qv_all"):
+        return minimal_step.minimal_runner(model, batch, qv_all_blocks=row == "minimal_qv_all")
     if row == "model_only":
         return model_only_runner(model, batch)
     if row == "timm":

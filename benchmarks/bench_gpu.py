@@ -1,5 +1,5 @@
 """What a real accelerator does against what `aepg_jax.plan` predicts for it, in one command
-(`benchmarks/bench_gpu.sh`, sized for a 10-minute call on one GPU).
+(`benchmarks/bench_gpu.sh`, sized to finish in about 10 minutes on one GPU).
 
 1. The train step of task 1 (LoRA, `configs/imagenet_r.py`'s model) at global batch 64 / 128 /
    256 in float32 and bfloat16 on this machine's devices: images/s, MFU from the plan's FLOP

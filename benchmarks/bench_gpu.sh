@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command for one 10-minute call on a GPU machine (see benchmarks/bench_gpu.py): the train
-# step at batch 64/128/256 in f32 and bf16 against the plan's FLOPs and memory, then a 10-task x
+# The plan checked on a GPU machine in one command of about 10 minutes (benchmarks/bench_gpu.py):
+# the train step at batch 64/128/256 in f32 and bf16 against the plan's FLOPs and memory, then a 10-task x
 # 1-epoch run on synthetic ImageNet-R-shaped JPEGs against the plan's projected time.
 #   bash benchmarks/bench_gpu.sh        # ViT-B/16 (a GPU)
 #   bash benchmarks/bench_gpu.sh tiny   # the same on the CPU with a tiny ViT (checks the script)

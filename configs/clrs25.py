@@ -14,8 +14,8 @@ Arguments (`configs/clrs25.py:key=value,...`, defaults in brackets):
 
 Data (required): CLRS is not in TFDS. Unpack it (ROOT/<class>/*, 25 class directories, 600
 images each, 256 px), check and copy it with `python -m aepg_jax.prepare clrs25 --source=ROOT
---data_dir=DIR`, and pass `--config.data.data_dir=DIR/clrs25` (ROOT itself works too); the
-config leaves data.data_dir unset and validation rejects it until you do. Train and
+--data_dir=DIR`, and pass `--config.data.data_dir=DIR` (the data root; DIR/clrs25 or ROOT works
+too); the config leaves data.data_dir unset and validation rejects it until you do. Train and
 test are a stratified 80/20 split drawn by data.split_seed (0, the same for every run). Weights
 (required): the augreg `B_16-i21k-300ep-...-res_224.npz` of the paper's footnote (see
 configs/README.md), passed with `--config.model.checkpoint=$CKPT`.
@@ -38,9 +38,11 @@ One of them:
       --workdir=runs/clrs25/t2_adapter-aepg-0
 
 Run a whole experiment, resumably, and set our numbers beside the paper's (docs/paper.md):
+with every dataset prepared into one data root $DATA (clrs25/ beside the TFDS datasets), one
+sweep runs all of Table 2's runs, CLRS25's included:
 
-    python -m aepg_jax.sweep --experiment=table2 --where=config=clrs25 --workdir=runs/table2 \
-      --config.model.checkpoint=$CKPT --config.data.data_dir=$CLRS
+    python -m aepg_jax.sweep --experiment=table2 --workdir=runs/table2 \
+      --config.model.checkpoint=$CKPT --config.data.data_dir=$DATA
     python -m aepg_jax.tables runs/table2
 """
 

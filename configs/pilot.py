@@ -25,9 +25,9 @@ Arguments (`configs/pilot.py:key=value,...`, defaults in brackets):
 
 Data: the image folders PILOT distributes (train/ and test/ per dataset), prepared once,
 offline: `python -m aepg_jax.prepare NAME --source=... --data_dir=OUT` (docs/data.md), then
-`--config.data.data_dir=OUT/NAME` (required: the config leaves it unset and validation refuses
-the run until it is given). Images are cached at 256 px and tested at Resize(256) +
-CenterCrop(224), as PILOT's. Weights: the augreg `B_16-i21k-300ep-...-res_224.npz`
+`--config.data.data_dir=OUT` (the data root, or OUT/NAME; required: the config leaves it unset
+and validation refuses the run until it is given). Images are cached at 256 px and tested at
+Resize(256) + CenterCrop(224), as PILOT's. Weights: the augreg `B_16-i21k-300ep-...-res_224.npz`
 (configs/README.md) with `--config.model.checkpoint=$CKPT`, or a published backbone with
 `weights=NAME` (PILOT's is timm's `vit_base_patch16_224.augreg_in21k_ft_in1k`).
 

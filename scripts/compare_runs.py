@@ -105,20 +105,24 @@ def mean_std(values: list[Any]) -> tuple[float, float, int]:
 
 
 def format_table(groups: dict[str, list[dict]], metrics: tuple[str, ...]) -> str:
-    """Mean +- std of each of `metrics` per group ("-" where no run of the group has it)."""
+    """Mean +- std of each of `metrics` per group ("-" where no run of the group has it); each
+    column at least two characters wider than its metric's name, so that headers stay apart."""
     width = max([len("group"), *map(len, groups)]) + 2
-    header = f"{'group':<{width}}{'seeds':>6}" + "".join(f"{m:>18}" for m in metrics)
+    widths = [max(18, len(m) + 2) for m in metrics]
+    header = f"{'group':<{width}}{'seeds':>6}" + "".join(
+        f"{m:>{w}}" for m, w in zip(metrics, widths, strict=True)
+    )
     lines = [header, "-" * len(header)]
     for label, members in groups.items():
         cells = []
-        for metric in metrics:
+        for metric, w in zip(metrics, widths, strict=True):
             mean, std, n = mean_std([run["results"].get(metric) for run in members])
             if n == 0:
-                cells.append(f"{'-':>18}")
+                cells.append(f"{'-':>{w}}")
             elif math.isnan(std):
-                cells.append(f"{f'{mean:.2f} (1 seed)':>18}")
+                cells.append(f"{f'{mean:.2f} (1 seed)':>{w}}")
             else:
-                cells.append(f"{f'{mean:.2f} +- {std:.2f}':>18}")
+                cells.append(f"{f'{mean:.2f} +- {std:.2f}':>{w}}")
         lines.append(f"{label:<{width}}{len(members):>6}" + "".join(cells))
     return "\n".join(lines)
 

@@ -251,3 +251,20 @@ def test_every_script_benchmark_and_test_file_named_exists():
     ]
     assert not missing, "\n".join(missing)
     assert len([p for p in (ROOT / "scripts").iterdir() if p.is_file()]) <= 12  # user commands
+
+
+def test_sweep_help_the_readme_and_the_paper_page_list_every_experiment(capsys):
+    from aepg_jax.experiments import registry
+    from aepg_jax.sweep import sweep
+
+    with pytest.raises(SystemExit) as done:
+        sweep.parse(["--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    pages = {p: (ROOT / p).read_text() for p in ("README.md", "docs/paper.md")}
+    for name, experiment in registry.registry().items():
+        # --help: one line per experiment, generated from the registry.
+        assert re.search(rf"^  {name} +{re.escape(experiment.title)}$", shown, re.M), name
+        # The README and docs/paper.md: one table row each.
+        for page, text in pages.items():
+            assert re.search(rf"^\| `{name}` \| ", text, re.M), f"{page} does not list {name}"

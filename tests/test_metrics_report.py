@@ -327,6 +327,9 @@ def test_compare_runs_mean_and_std_over_seeds(tmp_path, capsys, monkeypatch):
     # the figures these results lack shown as "-".
     ce_more = [line for line in printed.splitlines() if line.startswith("ce / lae")][1]
     assert "-12.00 +- 2.83" in ce_more and ce_more.split()[4] == "-"
+    # Its headers, longer than the first table's, stay apart (one word per metric).
+    header = next(line for line in printed.splitlines() if "task_incremental_A_T" in line)
+    assert header.split() == ["group", "seeds", *results_lib.SEED_METRICS_MORE]
     assert out.read_bytes()[:8] == PNG
 
 

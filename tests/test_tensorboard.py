@@ -52,6 +52,8 @@ def test_the_event_files_hold_the_scalars_of_metrics_jsonl(tmp_path):
     for tag in ("train/images_per_s", "eval/A_t", "eval/forgetting", "eval/acc_pooled"):
         assert tag in expected, sorted(expected)
     assert any(tag.startswith("eval/accuracy/") and tag.endswith("/task_1") for tag in expected)
+    # Tasks count from 1, as the console and the docs count them.
+    assert not any(tag.endswith("/task_0") for tag in expected)
 
     acc = _events(str(workdir))
     assert sorted(acc.Tags()["scalars"]) == sorted(expected)

@@ -56,8 +56,10 @@ Fields (defaults in brackets):
                                Hugging Face cache (never downloaded); its family must be
                                model.family; results.json records the name and the sha256
   model.init [random]          random | augreg (load model.checkpoint) | pretrained (pretrain.*)
-  model.checkpoint [None]      path of an augreg/original ViT .npz (model.init=augreg); its key
-                               list and array shapes are checked at validation (input_files.py)
+  model.checkpoint [None]      the pretrained weights (model.init=augreg): an augreg/original ViT
+                               .npz, a timm .safetensors file, or hf-hub:<repo> from the local
+                               Hugging Face cache (docs/data.md); its key list and array shapes
+                               are checked at validation (input_files.py)
   pretrain.dataset [fashion_mnist]  source pretraining a small backbone when model.init=pretrained
   pretrain.epochs [2] / pretrain.batch_size [128] / pretrain.learning_rate [1e-3]
   pretrain.data_dir [None]     the pretraining source's data_dir (e.g. a Fashion-MNIST IDX dir)

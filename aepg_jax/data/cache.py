@@ -40,11 +40,11 @@ import shutil
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import tqdm
 
 from aepg_jax.data.resize import store_resize
 from aepg_jax.data.source import Source
 from aepg_jax.system import preemption
+from aepg_jax.system import progress as system_progress
 
 FORMAT_VERSION = 1
 _CHUNK = 512
@@ -265,7 +265,7 @@ def _build(
             raise ValueError(f"resize gave {image.shape} {image.dtype} for example {i}.")
         return image
 
-    bar = tqdm.tqdm(
+    bar = system_progress.new(
         total=n,
         initial=state["done"],
         desc=f"caching {dataset}/{split} @{size}px",

@@ -7,12 +7,14 @@ and what the config checks, the caches, the trainers and the planner need to kno
   offline: the multi-domain demo of the domain-incremental scenario (`data.scenario=domain`).
 * `fashion_mnist`: Debian's `dataset-fashion-mnist` IDX files; `data_dir` = another IDX dir.
 * `folder`: `data_dir/<class>/*.jpg` (CLRS25, raw ImageNet-R) or `data_dir/{train,test}/<class>/*`
-  (PILOT's ImageNet-A, ObjectNet, OmniBenchmark, VTAB); `name` labels the caches and keys the
+  (PILOT's ImageNet-A, ObjectNet, OmniBenchmark, VTAB); `data_dir` may also be a data root that
+  holds the folder as `data_dir/<name>/` (what `aepg_jax.prepare` writes: one `data_dir` for a
+  whole sweep, TFDS datasets beside the folders); `name` labels the caches and keys the
   planner's sizes (`folder:<name>`); `split_file` (JSON train/test lists, e.g. ImageNet-R's from
   `aepg_jax.prepare`) fixes the split.
 * `tfds`: TFDS `array_record` data (`name` in imagenet_r, food101, caltech_birds2011, cifar10,
   cifar100, fashion_mnist, domainnet: its six domains as one multi-domain dataset); `data_dir` =
-  the TFDS data dir (default: TFDS's own).
+  the TFDS data dir (default: TFDS's own), which may hold prepared folder datasets too.
 
 `split_seed` draws the stratified 80/20 split of `digits`, of each domain of `digits_domains`
 and of folders without
@@ -52,7 +54,9 @@ def _fashion_mnist(name, data_dir, split_seed, split_file) -> Dataset:
 def _folder(name, data_dir, split_seed, split_file) -> Dataset:
     if not data_dir:
         raise ValueError("source='folder' needs data_dir: the image folder's root.")
-    return folder.load_folder(data_dir, name, split_seed, split_file=split_file)
+    return folder.load_folder(
+        folder.dataset_root(data_dir, name, split_file), name, split_seed, split_file=split_file
+    )
 
 
 def _tfds(name, data_dir, split_seed, split_file) -> Dataset:

@@ -1,8 +1,10 @@
 """Image-folder datasets: `root/<class>/*.{jpg,jpeg,png,...}` (CLRS25, raw ImageNet-R).
 
-Classes are the sub-directory names in sorted order. If `root/train/` and `root/test/` exist,
-they are the splits (same class directories in both); otherwise every class is split 80/20
-(stratified) from `split_seed`. Images are decoded with Pillow and converted to RGB.
+`dataset_root` finds the folder of dataset NAME inside a data root (`root/NAME/`, as
+`python -m aepg_jax.prepare` writes it), so one `data.data_dir` serves a sweep over TFDS and
+folder datasets. Classes are the sub-directory names in sorted order. If `root/train/` and
+`root/test/` exist, they are the splits (same class directories in both); otherwise every class
+is split 80/20 (stratified) from `split_seed`. Images are decoded with Pillow and converted to RGB.
 
 A split file (`split_file`, JSON `{"train": [...], "test": [...]}` of paths `<class>/<file>`
 relative to `root`, such as the `l2p_split.json` that `python -m aepg_jax.prepare imagenet_r`
@@ -65,6 +67,18 @@ def _scan(root: str, class_names: tuple[str, ...] | None = None) -> tuple[FileSo
         paths += [os.path.join(class_dir, f) for f in files]
         labels += [label] * len(files)
     return FileSource(tuple(paths), np.asarray(labels, np.int64)), names
+
+
+def dataset_root(data_dir: str, name: str | None, split_file: str | None = None) -> str:
+    """The image folder of dataset `name` given `data.data_dir`: `data_dir/<name>` when that is
+    a directory (a data root as `python -m aepg_jax.prepare NAME --data_dir=ROOT` writes it,
+    which a whole sweep can share with TFDS datasets), else `data_dir` itself (the folder named
+    directly). With a split file, `data_dir` is the folder whose `<class>/<file>` paths it lists."""
+    if name and not split_file:
+        inside = os.path.join(data_dir, name)
+        if os.path.isdir(inside):
+            return inside
+    return data_dir
 
 
 def load_split_file(root: str, split_file: str) -> tuple[FileSource, FileSource, tuple]:

@@ -20,6 +20,14 @@ def registry() -> dict[str, Experiment]:
     return {e.name: e for e in (*paper.EXPERIMENTS, *baselines.EXPERIMENTS)}
 
 
+def listing() -> str:
+    """One line per registered experiment, `name  title`: what `aepg_jax.sweep --help` and the
+    docs list."""
+    known = registry()
+    width = max(map(len, known))
+    return "\n".join(f"  {name:<{width}}  {e.title}" for name, e in known.items())
+
+
 def get(name: str) -> Experiment:
     """An experiment by name (or by its tables' `\\label`), or `EXPERIMENT` of a `.py` file."""
     if name.endswith(".py"):

@@ -150,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.name in folder_build.NUM_CLASSES:
                 (source,) = sources
                 where = folder_build.prepare(args.name, source, data_dir, force=args.force)
-                print(f"{args.name}: ready in {where}; run with --config.data.data_dir={where}")
+                print(
+                    f"{args.name}: ready in {where}; run with --config.data.data_dir={where} or "
+                    f"{data_dir} (the data root, shared with the datasets prepared beside it)"
+                )
                 return 0
             if args.name == domainnet.NAME:
                 where = domainnet.prepare(

@@ -22,7 +22,8 @@ The files are copied byte for byte, hidden ones left out, into a hidden staging 
 renamed to `<data_dir>/<name>` at the end, so a killed preparation never leaves a partial folder
 a run would read. Layout: `<data_dir>/clrs25/<class>/*` (the run splits it 80/20 by
 `data.split_seed`), `<data_dir>/<name>/{train,test}/<class>/*` for the others (the run reads
-those splits). Run with `data.source=folder`, `data.data_dir=<data_dir>/<name>`: class ids are
+those splits). Run with `data.source=folder`, `data.data_dir=<data_dir>` (the data root, shared
+with TFDS datasets; `data/folder.py` `dataset_root`) or `<data_dir>/<name>`: class ids are
 the sorted class folder names and examples are in sorted file order within a class, as
 `ImageFolder` numbers and lists them.
 """

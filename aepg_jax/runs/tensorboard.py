@@ -1,7 +1,8 @@
 """TensorBoard event files mirroring metrics.jsonl (tensorboardX: no TensorFlow needed).
 
 Every number of a metrics record becomes a scalar at the record's `step`, tagged
-`<type>/<field>` and, inside nested fields, `<type>/<field>/<key or task_i>`:
+`<type>/<field>` and, inside nested fields, `<type>/<field>/<key or task_i>` (i = 1..T, tasks
+counted from 1 as the console and the docs count them):
 
     train/loss  train/alpha  train/entropy  train/lr  train/grad_norm  train/images_per_s
     eval/A_t  eval/acc_pooled  eval/forgetting  eval/bwt  eval/task_incremental_A_t
@@ -56,7 +57,7 @@ def scalars(record: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
             for key, item in value.items():
                 yield from walk(f"{tag}/{key}", item)
         elif isinstance(value, list | tuple):
-            for i, item in enumerate(value):
+            for i, item in enumerate(value, start=1):
                 yield from walk(f"{tag}/task_{i}", item)
 
     kind = record["type"]

@@ -91,12 +91,13 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = _Parser(
         prog="python -m aepg_jax.sweep",
         description=__doc__,
+        epilog="experiments (--experiment=NAME):\n" + registry.listing(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--experiment",
         required=True,
-        help="table1, table2, ..., fig6, paper, demo, or a .py file with EXPERIMENT",
+        help="an experiment listed below, or a .py file defining EXPERIMENT",
     )
     parser.add_argument("--workdir", help="the sweep's directory (DIR)")
     parser.add_argument(

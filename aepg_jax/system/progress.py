@@ -5,22 +5,77 @@ that call shows an ETA of hours at step 1. `bar(...)` shows "compiling" until `s
 is called after the first call returns; that restarts the bar's clock at step `n`, so the rate
 and ETA count only compiled steps.
 
+On a terminal the bar redraws itself in place (carriage returns). Written to a file or a pipe
+(a sweep's `sweep.log`, `python -m aepg_jax.main ... > log`, a SLURM output file), a bar is a
+`LineBar` instead: its state as a plain line at most every `LINE_EVERY_S` seconds of progress
+and once more when it closes, so that logs hold lines, not carriage-return redraws. `new(...)`
+makes the right one for any tqdm use in the package.
+
 `at(...)` records where the run is, in people's terms (task t = 1..T, as the console prints);
 `interrupted_message()` is the line `main` prints on Ctrl-C.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import Any
 
 import tqdm
 
+LINE_EVERY_S = 30.0  # a LineBar's least interval between two lines
 _where: str | None = None
 
 
+class LineBar(tqdm.tqdm):
+    """A tqdm bar for a file or pipe: its state as a plain line, without a carriage return, at
+    most every `LINE_EVERY_S` seconds (only when it moved) and when it closes."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._line_at: float | None = None  # time.monotonic() of the last line
+        self._line_n: float | None = None  # the count it showed
+        super().__init__(*args, **kwargs)
+
+    def _line(self) -> None:
+        self.fp.write(str(self).strip() + "\n")
+        self.fp.flush()
+        self._line_at, self._line_n = time.monotonic(), self.n
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        if msg is not None:  # tqdm clearing its line: a log has none to clear
+            return False
+        due = self._line_at is None or time.monotonic() - self._line_at >= LINE_EVERY_S
+        if due and self.n != self._line_n:
+            self._line()
+        return True
+
+    def clear(self, nolock: bool = False) -> None:
+        """Nothing to erase before `tqdm.write` prints: the lines stay."""
+
+    def close(self) -> None:
+        if not self.disable and self._line_at is not None and self.n != self._line_n:
+            self._line()  # the final count
+        self.leave = False  # tqdm would end with a newline or a carriage return
+        super().close()
+
+
+def _terminal(kwargs: dict[str, Any]) -> bool:
+    stream = kwargs.get("file") or sys.stderr
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
+def new(*args: Any, **kwargs: Any) -> tqdm.tqdm:
+    """`tqdm.tqdm(*args, **kwargs)` on a terminal, else a `LineBar`."""
+    return (tqdm.tqdm if _terminal(kwargs) else LineBar)(*args, **kwargs)
+
+
 def bar(total: int, initial: int = 0, **kwargs: Any) -> tqdm.tqdm:
-    """A tqdm bar that says "compiling" until `started` is called."""
-    b = tqdm.tqdm(total=total, initial=initial, dynamic_ncols=True, **kwargs)
+    """A progress bar (`new`) that says "compiling" until `started` is called."""
+    b = new(total=total, initial=initial, dynamic_ncols=True, **kwargs)
     if not b.disable:
         b.set_postfix_str("compiling")
     return b
