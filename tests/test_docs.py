@@ -109,7 +109,7 @@ def test_the_link_checker_sees_links_and_anchors():
     assert relative_links(ROOT / "README.md")
 
 
-PATH_NAME = re.compile(r"\baepg_jax/[\w./-]*\w")
+PATH_NAME = re.compile(r"(?<!\.cache/)\baepg_jax/[\w./-]*\w")  # not the user cache's folder
 MODULE_NAME = re.compile(r"(?<![\w/.])aepg_jax(?:\.[a-z_]\w*)+")
 
 

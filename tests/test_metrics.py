@@ -222,13 +222,18 @@ def test_eval_step_counts_task_incremental_hits_in_the_same_pass():
         ).traced()
 
     after = spec(2, 2)
-    both = step(None, None, None, batch, after, spec(0, 4))  # the mask spans every class
+    both, _ = step(None, None, None, batch, after, spec(0, 4))  # the mask spans every class
     assert int(both["count"]) == 4
     assert int(both["model"]) == int(both["task_incremental"]["model"]) == 1
-    own0 = step(None, None, None, batch, after, spec(0, 2))
+    own0, _ = step(None, None, None, batch, after, spec(0, 2))
     assert int(own0["model"]) == 1 and int(own0["task_incremental"]["model"]) == 2
-    own1 = step(None, None, None, batch, after, spec(2, 2))
+    own1, rows = step(None, None, None, batch, after, spec(2, 2))
     assert int(own1["task_incremental"]["model"]) == 1  # row 3 only (rows 0-1 not in task 1)
+    # The counts are those of the kept rows: each row's task-incremental prediction is one of
+    # the evaluated task's classes, its class-incremental one the top class.
+    assert set(np.asarray(rows["model"]["task_pred"]).tolist()) <= {2, 3}
+    top = np.asarray(rows["model"]["top_classes"])[:, 0]
+    assert int(own1["model"]) == int(np.sum((top == np.asarray(batch["label"])) & batch["mask"]))
 
 
 # ------------------------------------------------------------------- end to end (tiny digits)

@@ -62,7 +62,9 @@ def _run(official):
             "label": jnp.asarray(official["train_y"][keep]),
             "mask": jnp.ones(int(keep.sum()), bool),
         }
-        ctx = base.TaskContext(net, frozen, lambda b=batch: iter([b]), jax.random.key(t))
+        ctx = base.TaskContext(
+            net, frozen, lambda b=batch: iter([b]), lambda t=t: jax.random.key(t)
+        )
         feats, labels = method.task_features(ctx, trainable)
         order = official["orders"][t]
         state = method.update(state, feats[order], labels[order], cfg.eval.batch_size)

@@ -130,7 +130,9 @@ def task_context(run: Run, t: int, seed_index: int) -> methods.TaskContext:
             train=False,
         )
 
-    key = jax.random.fold_in(run.keys[seed_index], 3000 + t)
+    def key():
+        return jax.random.fold_in(run.keys[seed_index], 3000 + t)
+
     return methods.TaskContext(run.net, run.frozen_of(seed_index), train_batches, key)
 
 

@@ -381,7 +381,8 @@ DEMO = Experiment(
     [
         Table(
             "Demo (digits, 5 tasks; no published numbers)",
-            columns=_acc_columns("demo", "", 5),
+            # ECE after the last task (%, docs/algorithm.md §4): is aEPG's confidence calibrated?
+            columns=[*_acc_columns("demo", "", 5), Column("ECE_5", {"config": "demo"}, "ece_T")],
             rows=[
                 Row(f"{name}{' + aEPG' if loss == 'aepg' else ''}", _m(method, loss))
                 for method, name in (("plain", "LoRA"), ("lae", "LAE"), ("coda_prompt", "CODA-P"))

@@ -215,7 +215,8 @@ class Column:
     """A column: a selection of runs (`where`), the metric read from their results, and labels
     for markdown / csv (`label`) and LaTeX (`latex`, default `label`). `metric` is a scalar
     key of results.json (`A_T`, `avg_inc_acc`, `forgetting`, `forgetting_stepwise`, `bwt`,
-    `acc_pooled_T`, `task_incremental_A_T`, `task_incremental_avg_inc_acc`, ...) or `H_T`."""
+    `acc_pooled_T`, `task_incremental_A_T`, `task_incremental_avg_inc_acc`, the calibration's
+    `ece_T`, `nll_T`, `test_entropy_T`, ...) or `H_T`."""
 
     label: str
     where: Mapping[str, Any]

@@ -121,8 +121,15 @@ class TaskContext:
     # The task's training images (uint8, unaugmented) in order, `eval.batch_size` per batch,
     # sharded like evaluation; padding rows have mask False.
     train_batches: Callable[[], Iterator[Batch]]
-    # This seed's key for the task's host-side random choices (`fold_in(seed key, 3000 + t)`).
-    key: jax.Array | None = None
+    # This seed's key for the task's host-side random choices, `fold_in(seed key, 3000 + t)`,
+    # drawn when a hook asks for it (`key`): a method without random choices compiles nothing.
+    key_of: Callable[[], jax.Array] | None = None
+
+    @property
+    def key(self) -> jax.Array:
+        if self.key_of is None:
+            raise ValueError("This task context has no key.")
+        return self.key_of()
 
 
 def softmax_probs(logits: jax.Array) -> jax.Array:

@@ -44,7 +44,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tqdm
 from flax import traverse_util
 
 from aepg_jax.data import augment
@@ -61,6 +60,7 @@ from aepg_jax.methods.base import (
     softmax_probs,
 )
 from aepg_jax.models import partition, vit
+from aepg_jax.system import progress
 
 # InfLoRA's code (configs/mimg10_inflora*.json, docs/algorithm.md §15): Adam 5e-4, batch 128, 50
 # epochs with the per-epoch cosine decay, no clipping; B_t trains with the head from the start.
@@ -272,7 +272,7 @@ class InfLoRA(Method):
         lora = lora or {"B_k": self._zeros_b(), "B_v": self._zeros_b()}
         task_index = jnp.asarray(task, jnp.int32)
         sums, count = None, 0
-        for batch in tqdm.tqdm(
+        for batch in progress.new(
             ctx.train_batches(),
             desc=desc,
             unit="batch",

@@ -19,9 +19,9 @@ import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
-import tqdm
 
 from aepg_jax.data import augment
+from aepg_jax.system import progress
 
 Batch = dict[str, jax.Array]
 # features(params, images (B, S, S, C) normalised) -> (B, D)
@@ -73,7 +73,7 @@ def accumulate(
     step: SumsStep, params: Any, batches: Iterable[Batch], sums: ClassSums, desc: str = ""
 ) -> ClassSums:
     """`sums` plus every batch's features (`step` from `sums_program`), on the host loop."""
-    for batch in tqdm.tqdm(
+    for batch in progress.new(
         batches, desc=desc, unit="batch", leave=False, disable=jax.process_index() != 0
     ):
         sums = step(sums, params, batch)

@@ -27,6 +27,8 @@ import tqdm
 from tensorflow_datasets.core import utils as tfds_utils
 from tensorflow_datasets.core.download import checksums as tfds_checksums
 
+from aepg_jax.system import progress
+
 
 class ArchiveError(ValueError):
     """An archive that is missing, wrong, truncated or unreadable (message: one line)."""
@@ -119,7 +121,7 @@ class _Counting(io.RawIOBase):
 
 
 def _bar(path: str, desc: str) -> tqdm.tqdm:
-    return tqdm.tqdm(
+    return progress.new(
         total=os.path.getsize(path),
         desc=desc,
         unit="B",

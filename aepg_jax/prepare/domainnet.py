@@ -35,9 +35,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import ClassVar
 
 import tensorflow_datasets as tfds
-import tqdm
 
 from aepg_jax.prepare import archives, tfds_build
+from aepg_jax.system import progress
 
 NAME = "domainnet"
 DOMAINS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
@@ -181,7 +181,7 @@ class Domainnet(_TFDS, skip_registration=True):
     def _examples(self, split: str) -> Iterator[tuple[str, dict]]:
         domain = self.builder_config.name
         entries = self.lists[split]
-        bar = tqdm.tqdm(
+        bar = progress.new(
             total=len(entries), desc=f"{NAME}/{domain}: {split} split", unit="img", disable=None
         )
         with _open_zip(self.zip_path) as zf, bar:

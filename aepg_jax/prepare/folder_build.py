@@ -34,11 +34,11 @@ import dataclasses
 import os
 import shutil
 
-import tqdm
 from PIL import Image
 
 from aepg_jax.data.folder import IMAGE_EXTENSIONS
 from aepg_jax.prepare import archives
+from aepg_jax.system import progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +147,7 @@ def _size(n: int) -> str:
 
 def _copy_checked(files: list[tuple[str, str]], desc: str) -> None:
     """Opens each `src` with Pillow and copies it byte for byte to `dst` (progress bar)."""
-    with tqdm.tqdm(total=len(files), desc=desc, unit="img", disable=None) as bar:
+    with progress.new(total=len(files), desc=desc, unit="img", disable=None) as bar:
         for src, dst in files:
             try:
                 with Image.open(src) as img:

@@ -33,6 +33,8 @@ from collections.abc import Iterator
 import tqdm
 from tensorflow_datasets.core import hashing, shuffle
 
+from aepg_jax.system import progress
+
 MEM_LIMIT = 256 << 20  # bytes of records held in memory before a run is written
 _HEADER = struct.Struct(">16sQ")  # hkey (big-endian, so bytes order = int order), length
 _BUFFER = 1 << 20  # read buffer per run file during the merge
@@ -117,7 +119,7 @@ class SpillingShuffler:
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         self._read_only = True
-        bar = tqdm.tqdm(
+        bar = progress.new(
             total=self._num_examples,
             desc=self.desc,
             unit=" records",

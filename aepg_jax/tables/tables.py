@@ -13,7 +13,7 @@ of the `--config.*` overrides the last sweep of DIR recorded (their run folders
 experiment's own configs); a DIR whose sweeps ran several override sets names them in a
 `note:` line. `--where` shows only the runs it selects, as the sweep's. Figure experiments also
 get their plots, written to `DIR/plots/`. `--html=FILE` also writes the sweep's report, one
-self-contained page that opens offline (`report.py`): these tables with the paper's numbers
+self-contained page that opens offline: these tables with the paper's numbers
 beside ours as charts, the A_t curves of cells that differ only in their loss on one chart
 (mean ± std over seeds), and per run its accuracy-matrix heatmap, loss / alpha / entropy
 curves, reliability diagram with ECE / NLL, and its config differences from its cell's other
