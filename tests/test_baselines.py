@@ -252,8 +252,8 @@ def test_ease_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
 
 # -------------------------------------------------------------------------------- RanPAC
 def test_ranpac_runs_build_with_its_settings_in_both_losses():
-    """RanPAC's grids: its official settings in every run, CE beside aEPG, seed 1993's class
-    order except VTAB, the IN-21K backbone on CIFAR-100 and OmniBenchmark."""
+    """RanPAC's grids: its official settings (args ID 7) in every run, CE beside aEPG, seed
+    1993's class order except VTAB, the IN-21K backbone on CIFAR-100 and OmniBenchmark."""
     runs = registry.get("ranpac").runs()
     assert {r.value("loss") for r in runs} == {"ce", "aepg"}
     for run in runs:
@@ -263,6 +263,10 @@ def test_ranpac_runs_build_with_its_settings_in_both_losses():
         assert cfg.method.name == "ranpac" and cfg.method.ranpac_m == 10000
         assert (cfg.optim.batch_size, cfg.optim.epochs, cfg.model.peft.kind) == (48, 20, "adapter")
         assert tuple(cfg.model.peft.blocks) == tuple(range(12)) and cfg.model.peft.adapter_dim == 64
+        p, o = cfg.model.peft, cfg.optim  # args ID 7: AdaptFormer, SGD, cosine annealing
+        assert (p.adapter_style, p.adapter_scale) == ("ffn", 0.1)
+        assert (o.optimizer, o.momentum, o.learning_rate, o.weight_decay, o.lr_schedule) == (
+            "sgd", 0.9, 0.01, 5e-4, "cosine_annealing")  # fmt: skip
         vtab = run.value("dataset") == "vtab"
         assert cfg.data.class_order_seed == (None if vtab else 1993)
         in21k = run.stem == "cifar100" or run.value("dataset") == "omnibenchmark"

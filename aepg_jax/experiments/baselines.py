@@ -45,6 +45,35 @@ def _columns(stem: str, name: str, tasks: int, metrics, where: dict | None = Non
     return [Column(f"{name} {label.format(t=tasks)}", where, key) for key, label in metrics]
 
 
+# The class order of the LAMDA-family codes (APER, EASE, RanPAC) where they shuffle: numpy's
+# legacy `np.random.seed(1993); np.random.permutation(C)` (their utils/data_manager.py).
+_SHUFFLE_1993: Overrides = (
+    ("data.class_order_seed", "1993"),
+    ("data.class_order_rng", "numpy_legacy"),
+)
+
+
+def _aper_settings(lr: str = "0.01", batch: str = "48", wd: str = "0.0005") -> Overrides:
+    """APER's and RanPAC's first-session training: AdaptFormer adapters (`ffn_num` 64, scale
+    0.1) beside every block's MLP, SGD (momentum 0.9) with torch's per-epoch CosineAnnealingLR
+    to 0, 20 epochs, no clipping."""
+    return (
+        ("model.peft.adapter_style", "ffn"),
+        ("model.peft.adapter_dim", "64"),
+        ("model.peft.adapter_scale", "0.1"),
+        ("model.peft.blocks", "(0,1,2,3,4,5,6,7,8,9,10,11)"),
+        ("optim.optimizer", "sgd"),
+        ("optim.momentum", "0.9"),
+        ("optim.learning_rate", lr),
+        ("optim.batch_size", batch),
+        ("optim.weight_decay", wd),
+        ("optim.lr_schedule", "cosine_annealing"),
+        ("optim.epochs", "20"),
+        ("optim.peft_freeze_epochs", "0"),
+        ("optim.clip_norm", "0.0"),
+    )
+
+
 # ---------------------------------------------------------------------------- CODA-Prompt
 # Settings: GT-RIPL/CODA-Prompt (HEAD 6417d4f), configs/{imnet-r_prompt*,cifar-100_prompt,
 # domainnet_prompt}.yaml and experiments/*.sh: Adam lr 1e-3, batch 128, per-epoch cosine decay,
@@ -383,40 +412,29 @@ EASE = Experiment(
 
 # ---------------------------------------------------------------------------------- RanPAC
 # Settings: RanPAC/RanPAC (commit 012927f), args/<dataset>_publish.csv, ID 7 ("Algorithm 1"):
-# first-session adaptation for 20 epochs at batch 48 with a per-epoch cosine schedule, then the
-# random projection M = 10000 (method.ranpac_m's default) and the ridge readout. Its optimiser is
-# SGD (momentum 0.9, lr 0.01, weight decay 5e-4), which this trainer lacks: Adam at the
-# configured rate trains instead. Its PEFT is AdaptFormer's adapter (bottleneck 64, every block)
-# on CIFAR-100 and CUB, SSF on ImageNet-R, ImageNet-A and VTAB, deep VPT on OmniBenchmark; the
-# project has neither SSF nor VPT, so every grid adapts with the project's adapter, bottleneck 64
-# on all 12 blocks (docs/algorithm.md §22 says how it differs from AdaptFormer's). Class order:
-# seed 1993, numpy legacy (its `shuffle: True`, utils/data_manager.py L90-92), VTAB in the
-# identity order (`shuffle: False`). Backbones: `pretrained_vit_b16_224_in21k_*` (timm 0.6's
-# vit_base_patch16_224_in21k: augreg IN-21K) on CIFAR-100 and OmniBenchmark, timm's
+# first-session adaptation with SGD (momentum 0.9, lr 0.01, weight decay 5e-4, CosineAnnealingLR
+# per epoch to `min_lr` 0 over `tuned_epoch` 20, RanPAC.py L231-232), batch 48, then the random
+# projection M = 10000 (method.ranpac_m's default) and the ridge readout: `_aper_settings()`,
+# the same settings as APER's. Its PEFT per dataset:
+#   CIFAR-100, CUB: the AdaptFormer adapter (`ffn_num` 64, scale 0.1, every block), as here;
+#   ImageNet-R, ImageNet-A, VTAB: SSF, which the project does not have: the adapter runs instead;
+#   OmniBenchmark: deep VPT (5 tokens), which the project does not have: the adapter runs instead.
+# Class order: seed 1993, numpy legacy (its `shuffle: True`, utils/data_manager.py L90-92), VTAB
+# in the identity order (`shuffle: False`). Backbones: `pretrained_vit_b16_224_in21k_*` (timm
+# 0.6's vit_base_patch16_224_in21k: augreg IN-21K) on CIFAR-100 and OmniBenchmark, timm's
 # vit_base_patch16_224 (augreg IN-21K, ft IN-1K, the configs' default checkpoint) elsewhere.
 # Splits: 10 tasks of 10 (CIFAR-100), 20 (CUB, ImageNet-R, ImageNet-A), 30 (OmniBenchmark), 5 of
 # 10 (VTAB). Its table reports one run; the grids run 5 seeds on that class order.
-RANPAC_SETTINGS: Overrides = (
-    ("optim.batch_size", "48"),
-    ("optim.epochs", "20"),
-    ("optim.lr_schedule", "cosine_epochs"),
-    ("optim.peft_freeze_epochs", "0"),
-    ("model.peft.adapter_dim", "64"),
-    ("model.peft.blocks", "(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)"),
-)
-RANPAC_ORDER: Overrides = (
-    ("data.class_order_seed", "1993"),
-    ("data.class_order_rng", "numpy_legacy"),
-)
+RANPAC_SETTINGS: Overrides = _aper_settings()
 _IN21K = "weights=vit_base_patch16_224.augreg_in21k"
 _RANPAC_RUN = f"method=ranpac,peft=adapter,loss=ce/aepg,{SEEDS5}"
 RANPAC_GRIDS = (
     Grid(CIFAR, f"tasks=10,{_IN21K},{_RANPAC_RUN}", "RanPAC, CIFAR-100", False,
-         RANPAC_SETTINGS + RANPAC_ORDER),
+         RANPAC_SETTINGS + _SHUFFLE_1993),
     Grid("configs/cub200.py", f"tasks=10,{_RANPAC_RUN}", "RanPAC, CUB-200", False,
-         RANPAC_SETTINGS + RANPAC_ORDER),
+         RANPAC_SETTINGS + _SHUFFLE_1993),
     Grid(IMR, f"tasks=10,{_RANPAC_RUN}", "RanPAC, ImageNet-R", False,
-         RANPAC_SETTINGS + RANPAC_ORDER),
+         RANPAC_SETTINGS + _SHUFFLE_1993),
     Grid(PILOT, f"dataset=imagenet_a/vtab,{_RANPAC_RUN}", "RanPAC, ImageNet-A and VTAB",
          False, RANPAC_SETTINGS),
     Grid(PILOT, f"dataset=omnibenchmark,{_IN21K},{_RANPAC_RUN}", "RanPAC, OmniBenchmark",
@@ -502,28 +520,6 @@ APER_COMMON: Overrides = (
     ("model.weights", "vit_base_patch16_224.augreg_in21k"),
     ("input.normalize", "none"),
 )
-_SHUFFLE_1993: Overrides = (
-    ("data.class_order_seed", "1993"),
-    ("data.class_order_rng", "numpy_legacy"),
-)
-
-
-def _aper_settings(lr: str = "0.01", batch: str = "48", wd: str = "0.0005") -> Overrides:
-    return (
-        ("model.peft.adapter_style", "ffn"),
-        ("model.peft.adapter_dim", "64"),
-        ("model.peft.adapter_scale", "0.1"),
-        ("model.peft.blocks", "(0,1,2,3,4,5,6,7,8,9,10,11)"),
-        ("optim.optimizer", "sgd"),
-        ("optim.momentum", "0.9"),
-        ("optim.learning_rate", lr),
-        ("optim.batch_size", batch),
-        ("optim.weight_decay", wd),
-        ("optim.lr_schedule", "cosine_annealing"),
-        ("optim.epochs", "20"),
-        ("optim.peft_freeze_epochs", "0"),
-        ("optim.clip_norm", "0.0"),
-    )
 
 
 # (config, spec, column stem, label, column `where`, shuffled here, APER settings)
