@@ -264,7 +264,7 @@ def test_ranpac_runs_build_with_its_settings_in_both_losses():
         assert (cfg.optim.batch_size, cfg.optim.epochs, cfg.model.peft.kind) == (48, 20, "adapter")
         assert tuple(cfg.model.peft.blocks) == tuple(range(12)) and cfg.model.peft.adapter_dim == 64
         p, o = cfg.model.peft, cfg.optim  # args ID 7: AdaptFormer, SGD, cosine annealing
-        assert (p.adapter_style, p.adapter_scale) == ("ffn", 0.1)
+        assert (p.adapter_style, p.adapter_scale, cfg.input.normalize) == ("ffn", 0.1, "none")
         assert (o.optimizer, o.momentum, o.learning_rate, o.weight_decay, o.lr_schedule) == (
             "sgd", 0.9, 0.01, 5e-4, "cosine_annealing")  # fmt: skip
         vtab = run.value("dataset") == "vtab"

@@ -51,6 +51,9 @@ _SHUFFLE_1993: Overrides = (
     ("data.class_order_seed", "1993"),
     ("data.class_order_rng", "numpy_legacy"),
 )
+# Their inputs: `ToTensor` (pixels in [0, 1]) with no `Normalize` (utils/data.py; RanPAC's
+# `use_input_norm: False`).
+_TO_TENSOR: Overrides = (("input.normalize", "none"),)
 
 
 def _aper_settings(lr: str = "0.01", batch: str = "48", wd: str = "0.0005") -> Overrides:
@@ -419,13 +422,14 @@ EASE = Experiment(
 #   CIFAR-100, CUB: the AdaptFormer adapter (`ffn_num` 64, scale 0.1, every block), as here;
 #   ImageNet-R, ImageNet-A, VTAB: SSF, which the project does not have: the adapter runs instead;
 #   OmniBenchmark: deep VPT (5 tokens), which the project does not have: the adapter runs instead.
-# Class order: seed 1993, numpy legacy (its `shuffle: True`, utils/data_manager.py L90-92), VTAB
-# in the identity order (`shuffle: False`). Backbones: `pretrained_vit_b16_224_in21k_*` (timm
+# Inputs in [0, 1] (`use_input_norm: False`, utils/data.py L60-62). Class order: seed 1993, numpy
+# legacy (its `shuffle: True`, utils/data_manager.py L90-92), VTAB in the identity order
+# (`shuffle: False`). Backbones: `pretrained_vit_b16_224_in21k_*` (timm
 # 0.6's vit_base_patch16_224_in21k: augreg IN-21K) on CIFAR-100 and OmniBenchmark, timm's
 # vit_base_patch16_224 (augreg IN-21K, ft IN-1K, the configs' default checkpoint) elsewhere.
 # Splits: 10 tasks of 10 (CIFAR-100), 20 (CUB, ImageNet-R, ImageNet-A), 30 (OmniBenchmark), 5 of
 # 10 (VTAB). Its table reports one run; the grids run 5 seeds on that class order.
-RANPAC_SETTINGS: Overrides = _aper_settings()
+RANPAC_SETTINGS: Overrides = _aper_settings() + _TO_TENSOR
 _IN21K = "weights=vit_base_patch16_224.augreg_in21k"
 _RANPAC_RUN = f"method=ranpac,peft=adapter,loss=ce/aepg,{SEEDS5}"
 RANPAC_GRIDS = (
