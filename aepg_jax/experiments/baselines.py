@@ -496,30 +496,47 @@ DEMO_COLUMNS = [
 ]
 
 
-def _demo(name: str, title: str, methods: tuple[tuple[str, str], ...]) -> Experiment:
-    """The experiment's methods on configs/demo.py (digits, tiny ViT, 5 tasks), CE, 2 seeds."""
-    spec = f"method={'/'.join(m for m, _ in methods)},loss=ce,seed=0/1"
+def _demo(
+    name: str,
+    title: str,
+    methods: tuple[tuple[str, str], ...],
+    overrides: dict[str, Overrides] | None = None,
+) -> Experiment:
+    """The experiment's methods on configs/demo.py (digits, tiny ViT, 5 tasks), CE, 2 seeds;
+    a method of `overrides` runs as a grid of its own with its overrides."""
+    overrides = overrides or {}
+    plain = [m for m, _ in methods if m not in overrides]
+    grids = (
+        [Grid(DEMO, f"method={'/'.join(plain)},loss=ce,seed=0/1", readme=False)] if plain else []
+    )
+    grids += [Grid(DEMO, f"method={m},loss=ce,seed=0/1", readme=False, overrides=o)
+              for m, o in overrides.items()]  # fmt: skip
     return Experiment(
         name,
         f"Demo of `{title}`: {', '.join(n for _, n in methods)} on the embedded digits "
         "(configs/demo.py), 2 seeds",
-        [Grid(DEMO, spec, readme=False)],
+        grids,
         [Table(f"Demo of {title} (digits, 5 tasks; no published numbers)",
                [Row(n, {"method": m, "loss": "ce"}) for m, n in methods], DEMO_COLUMNS)],
     )  # fmt: skip
 
 
-# The methods that classify by class prototypes (methods/simplecil.py); one line per method.
+# The methods that classify by class prototypes (methods/simplecil.py, ease.py, ranpac.py); one
+# line per method. RanPAC's demo projects to M = 2000: at its default 10000 the ridge solves
+# dominate a CPU run (~18 min on 2 cores).
 PROTOTYPE_METHODS = (
     ("simplecil", "SimpleCIL"),
     ("aper", "APER"),
+    ("ease", "EASE"),
+    ("ranpac", "RanPAC"),
 )
+PROTOTYPE_OVERRIDES: dict[str, Overrides] = {"ranpac": (("method.ranpac_m", "2000"),)}
 
 DEMOS = (
     _demo("coda_prompt_demo", "coda_prompt", PROMPTS),
     _demo("inflora_demo", "inflora", INFLORA_ROWS),
     _demo("pilot_demo", "pilot", PROMPTS),
-    _demo("prototypes_demo", "prototypes", PROTOTYPE_METHODS),
+    _demo("prototypes_demo", "prototypes", PROTOTYPE_METHODS, PROTOTYPE_OVERRIDES),
 )
 
 # ------------------------------------------------------------------------------------- APER
