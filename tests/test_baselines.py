@@ -223,8 +223,9 @@ def test_aper_published_rows_hold_an_average_at_least_the_final_accuracy():
 # ---------------------------------------------------------------------------------- EASE
 def test_ease_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
     """`ease`: every run lists with its command, builds and validates with the official configs'
-    settings in place (the IN-21K weights, epochs, batch, adapter width, alpha), CE and aEPG
-    runs of one grid, and every table cell selects runs; the CE row holds EASE's cells."""
+    settings in place (the IN-21K weights, SGD, epochs, batch, lr, weight decay, adapter width,
+    alpha, the seed-1993 class order but on VTAB), CE and aEPG runs of one grid, and every table
+    cell selects runs; the CE row holds EASE's cells."""
     e = registry.get("ease")
     runs = e.runs()
     assert sweep.main(["--experiment=ease", f"--workdir={tmp_path}", "--list"]) == 0
@@ -240,6 +241,12 @@ def test_ease_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
             assert (got if isinstance(got, str) else float(got)) == _typed(value), (run, field)
         assert cfg.method.name == "ease" and cfg.optim.peft_freeze_epochs == 0
         assert cfg.model.weights == baselines.EASE_IN21K
+        o = cfg.optim  # the configs' SGD, cosine annealing to 0 per epoch; ToTensor inputs
+        assert (o.optimizer, o.momentum, o.lr_schedule) == ("sgd", 0.9, "cosine_annealing")
+        assert cfg.input.normalize == "none"
+        vtab = run.value("dataset") == "vtab"  # `shuffle: false`; every other: seed 1993
+        assert cfg.data.class_order_seed == (None if vtab else 1993)
+        assert vtab or cfg.data.class_order_rng == "numpy_legacy"
         losses.add(cfg.loss.name)
     assert losses == {"ce", "aepg"}
     (table,) = e.tables
@@ -252,8 +259,8 @@ def test_ease_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
 
 # -------------------------------------------------------------------------------- RanPAC
 def test_ranpac_runs_build_with_its_settings_in_both_losses():
-    """RanPAC's grids: its official settings in every run, CE beside aEPG, seed 1993's class
-    order except VTAB, the IN-21K backbone on CIFAR-100 and OmniBenchmark."""
+    """RanPAC's grids: its official settings (args ID 7) in every run, CE beside aEPG, seed
+    1993's class order except VTAB, the IN-21K backbone on CIFAR-100 and OmniBenchmark."""
     runs = registry.get("ranpac").runs()
     assert {r.value("loss") for r in runs} == {"ce", "aepg"}
     for run in runs:
@@ -263,6 +270,10 @@ def test_ranpac_runs_build_with_its_settings_in_both_losses():
         assert cfg.method.name == "ranpac" and cfg.method.ranpac_m == 10000
         assert (cfg.optim.batch_size, cfg.optim.epochs, cfg.model.peft.kind) == (48, 20, "adapter")
         assert tuple(cfg.model.peft.blocks) == tuple(range(12)) and cfg.model.peft.adapter_dim == 64
+        p, o = cfg.model.peft, cfg.optim  # args ID 7: AdaptFormer, SGD, cosine annealing
+        assert (p.adapter_style, p.adapter_scale, cfg.input.normalize) == ("ffn", 0.1, "none")
+        assert (o.optimizer, o.momentum, o.learning_rate, o.weight_decay, o.lr_schedule) == (
+            "sgd", 0.9, 0.01, 5e-4, "cosine_annealing")  # fmt: skip
         vtab = run.value("dataset") == "vtab"
         assert cfg.data.class_order_seed == (None if vtab else 1993)
         in21k = run.stem == "cifar100" or run.value("dataset") == "omnibenchmark"

@@ -45,6 +45,38 @@ def _columns(stem: str, name: str, tasks: int, metrics, where: dict | None = Non
     return [Column(f"{name} {label.format(t=tasks)}", where, key) for key, label in metrics]
 
 
+# The class order of the LAMDA-family codes (APER, EASE, RanPAC) where they shuffle: numpy's
+# legacy `np.random.seed(1993); np.random.permutation(C)` (their utils/data_manager.py).
+_SHUFFLE_1993: Overrides = (
+    ("data.class_order_seed", "1993"),
+    ("data.class_order_rng", "numpy_legacy"),
+)
+# Their inputs: `ToTensor` (pixels in [0, 1]) with no `Normalize` (utils/data.py; RanPAC's
+# `use_input_norm: False`).
+_TO_TENSOR: Overrides = (("input.normalize", "none"),)
+
+
+def _aper_settings(lr: str = "0.01", batch: str = "48", wd: str = "0.0005") -> Overrides:
+    """APER's and RanPAC's first-session training: AdaptFormer adapters (`ffn_num` 64, scale
+    0.1) beside every block's MLP, SGD (momentum 0.9) with torch's per-epoch CosineAnnealingLR
+    to 0, 20 epochs, no clipping."""
+    return (
+        ("model.peft.adapter_style", "ffn"),
+        ("model.peft.adapter_dim", "64"),
+        ("model.peft.adapter_scale", "0.1"),
+        ("model.peft.blocks", "(0,1,2,3,4,5,6,7,8,9,10,11)"),
+        ("optim.optimizer", "sgd"),
+        ("optim.momentum", "0.9"),
+        ("optim.learning_rate", lr),
+        ("optim.batch_size", batch),
+        ("optim.weight_decay", wd),
+        ("optim.lr_schedule", "cosine_annealing"),
+        ("optim.epochs", "20"),
+        ("optim.peft_freeze_epochs", "0"),
+        ("optim.clip_norm", "0.0"),
+    )
+
+
 # ---------------------------------------------------------------------------- CODA-Prompt
 # Settings: GT-RIPL/CODA-Prompt (HEAD 6417d4f), configs/{imnet-r_prompt*,cifar-100_prompt,
 # domainnet_prompt}.yaml and experiments/*.sh: Adam lr 1e-3, batch 128, per-epoch cosine decay,
@@ -312,41 +344,57 @@ PILOT_EXPERIMENT = Experiment(
 # Settings: sun-hailong/CVPR24-Ease (HEAD 6d67508), exps/ease_*_in21k.json, the ViT-B/16-IN21K
 # runs of the paper's Table 1 (timm 0.6's `vit_base_patch16_224_in21k`: the catalog's
 # vit_base_patch16_224.augreg_in21k): adapters of width `ffn_num` 64 (VTAB 16) in every block,
-# per benchmark epochs / batch / alpha: CIFAR B0 Inc5 20 / 48 / 0.1, CUB B0 Inc10 20 / 32 /
-# 0.05, ImageNet-R B0 Inc20 20 / 16 / 0.1, ImageNet-A B0 Inc20 20 / 32 / 0.1, ObjectNet B0
-# Inc10 25 / 48 / 0.2, VTAB B0 Inc10 45 / 16 / 0.1; beta 0 without the pretrained subspace;
-# reweighting on; the adapter trains from each task's first step (`settings=reference`). The
-# code trains with SGD (momentum 0.9, weight decay 5e-4 / 5e-3, lr 0.008-0.05 annealed by
-# cosine to 0 per epoch), which this trainer does not have: the runs train with the configs'
-# Adam instead. OmniBenchmark is left out: its configs set `moni_adam` (one adapter trained on
-# task 0 only, APER's scheme), which `method.name=ease` does not port (docs/algorithm.md §21).
-# Class order: seed 1993 (numpy legacy) as the paper's Sec. 5.1 says; VTAB in the identity
-# order (`shuffle: false`), as configs/pilot.py's defaults; CIFAR-100, CUB-200 and ImageNet-R's
-# configs take their identity order (the seed-1993 order is not set there).
+# beta 0 without the pretrained subspace, reweighting on, the adapter training from each task's
+# first step (`settings=reference`), and per benchmark its SGD (models/ease.py L272-279:
+# momentum 0.9, `weight_decay`; L295-297: CosineAnnealingLR(T_max=epochs, eta_min=`min_lr` 0),
+# a new optimiser and schedule per task), epochs / batch / lr / weight decay / alpha:
+#   CIFAR B0 Inc5 20 / 48 / 0.025 / 5e-4 / 0.1     CUB B0 Inc10 20 / 32 / 0.008 / 5e-4 / 0.05
+#   IN-R B0 Inc20 20 / 16 / 0.05 / 5e-3 / 0.1      IN-A B0 Inc20 20 / 32 / 0.05 / 5e-3 / 0.1
+#   ObjNet B0 Inc10 25 / 48 / 0.05 / 5e-3 / 0.2    VTAB B0 Inc10 45 / 16 / 0.03 / 5e-3 / 0.1
+# Inputs in [0, 1] (utils/data.py: ToTensor, no Normalize). OmniBenchmark is left out: its
+# configs set `moni_adam` (one adapter trained on task 0 only, APER's scheme), which
+# `method.name=ease` does not port (docs/algorithm.md §21). Class order: seed 1993 (numpy
+# legacy, utils/data_manager.py L155-157, `shuffle: true`) as the paper's Sec. 5.1 says: set here
+# on CIFAR-100, CUB-200 and ImageNet-R, configs/pilot.py's default on ImageNet-A and ObjectNet;
+# VTAB in the identity order (`shuffle: false`, configs/pilot.py's default for it).
 EASE_IN21K = "vit_base_patch16_224.augreg_in21k"
 
 
-def _ease(epochs: int, batch: int, alpha: float, ffn: int = 64) -> Overrides:
+def _ease(
+    epochs: int, batch: int, lr: str, wd: str, alpha: float, ffn: int = 64, shuffle: bool = False
+) -> Overrides:
+    """One benchmark's settings; `shuffle`: set the seed-1993 class order here."""
     return (
         ("model.weights", EASE_IN21K),
         ("optim.epochs", str(epochs)),
         ("optim.batch_size", str(batch)),
+        ("optim.optimizer", "sgd"),
+        ("optim.momentum", "0.9"),
+        ("optim.learning_rate", lr),
+        ("optim.weight_decay", wd),
+        ("optim.lr_schedule", "cosine_annealing"),
+        ("optim.clip_norm", "0.0"),
         ("method.ease_ffn_num", str(ffn)),
         ("method.ease_alpha", str(alpha)),
+        *_TO_TENSOR,
+        *(_SHUFFLE_1993 if shuffle else ()),
     )
 
 
 EASE_BENCHMARKS = (
     # (config, spec, label, overrides, table column stem, column name, where)
-    (CIFAR, "tasks=20", "CIFAR B0 Inc5", _ease(20, 48, 0.1), "cifar100", {}),
-    ("configs/cub200.py", "tasks=20", "CUB B0 Inc10", _ease(20, 32, 0.05), "cub200", {}),
-    (IMR, "tasks=10", "IN-R B0 Inc20", _ease(20, 16, 0.1), "imagenet_r", {"tasks": 10}),
-    (PILOT, "dataset=imagenet_a", "IN-A B0 Inc20", _ease(20, 32, 0.1), "pilot",
+    (CIFAR, "tasks=20", "CIFAR B0 Inc5", _ease(20, 48, "0.025", "0.0005", 0.1, shuffle=True),
+     "cifar100", {}),
+    ("configs/cub200.py", "tasks=20", "CUB B0 Inc10",
+     _ease(20, 32, "0.008", "0.0005", 0.05, shuffle=True), "cub200", {}),
+    (IMR, "tasks=10", "IN-R B0 Inc20", _ease(20, 16, "0.05", "0.005", 0.1, shuffle=True),
+     "imagenet_r", {"tasks": 10}),
+    (PILOT, "dataset=imagenet_a", "IN-A B0 Inc20", _ease(20, 32, "0.05", "0.005", 0.1), "pilot",
      {"dataset": "imagenet_a"}),
-    (PILOT, "dataset=objectnet", "ObjNet B0 Inc10", _ease(25, 48, 0.2), "pilot",
+    (PILOT, "dataset=objectnet", "ObjNet B0 Inc10", _ease(25, 48, "0.05", "0.005", 0.2), "pilot",
      {"dataset": "objectnet"}),
-    (PILOT, "dataset=vtab", "VTAB B0 Inc10", _ease(45, 16, 0.1, ffn=16), "pilot",
-     {"dataset": "vtab"}),
+    (PILOT, "dataset=vtab", "VTAB B0 Inc10", _ease(45, 16, "0.03", "0.005", 0.1, ffn=16),
+     "pilot", {"dataset": "vtab"}),
 )  # fmt: skip
 EASE_GRIDS = tuple(
     Grid(config, f"{spec},method=ease,loss=ce/aepg,{SEEDS5}", f"EASE Table 1, {label}", False,
@@ -383,40 +431,30 @@ EASE = Experiment(
 
 # ---------------------------------------------------------------------------------- RanPAC
 # Settings: RanPAC/RanPAC (commit 012927f), args/<dataset>_publish.csv, ID 7 ("Algorithm 1"):
-# first-session adaptation for 20 epochs at batch 48 with a per-epoch cosine schedule, then the
-# random projection M = 10000 (method.ranpac_m's default) and the ridge readout. Its optimiser is
-# SGD (momentum 0.9, lr 0.01, weight decay 5e-4), which this trainer lacks: Adam at the
-# configured rate trains instead. Its PEFT is AdaptFormer's adapter (bottleneck 64, every block)
-# on CIFAR-100 and CUB, SSF on ImageNet-R, ImageNet-A and VTAB, deep VPT on OmniBenchmark; the
-# project has neither SSF nor VPT, so every grid adapts with the project's adapter, bottleneck 64
-# on all 12 blocks (docs/algorithm.md §22 says how it differs from AdaptFormer's). Class order:
-# seed 1993, numpy legacy (its `shuffle: True`, utils/data_manager.py L90-92), VTAB in the
-# identity order (`shuffle: False`). Backbones: `pretrained_vit_b16_224_in21k_*` (timm 0.6's
-# vit_base_patch16_224_in21k: augreg IN-21K) on CIFAR-100 and OmniBenchmark, timm's
+# first-session adaptation with SGD (momentum 0.9, lr 0.01, weight decay 5e-4, CosineAnnealingLR
+# per epoch to `min_lr` 0 over `tuned_epoch` 20, RanPAC.py L231-232), batch 48, then the random
+# projection M = 10000 (method.ranpac_m's default) and the ridge readout: `_aper_settings()`,
+# the same settings as APER's. Its PEFT per dataset:
+#   CIFAR-100, CUB: the AdaptFormer adapter (`ffn_num` 64, scale 0.1, every block), as here;
+#   ImageNet-R, ImageNet-A, VTAB: SSF, which the project does not have: the adapter runs instead;
+#   OmniBenchmark: deep VPT (5 tokens), which the project does not have: the adapter runs instead.
+# Inputs in [0, 1] (`use_input_norm: False`, utils/data.py L60-62). Class order: seed 1993, numpy
+# legacy (its `shuffle: True`, utils/data_manager.py L90-92), VTAB in the identity order
+# (`shuffle: False`). Backbones: `pretrained_vit_b16_224_in21k_*` (timm
+# 0.6's vit_base_patch16_224_in21k: augreg IN-21K) on CIFAR-100 and OmniBenchmark, timm's
 # vit_base_patch16_224 (augreg IN-21K, ft IN-1K, the configs' default checkpoint) elsewhere.
 # Splits: 10 tasks of 10 (CIFAR-100), 20 (CUB, ImageNet-R, ImageNet-A), 30 (OmniBenchmark), 5 of
 # 10 (VTAB). Its table reports one run; the grids run 5 seeds on that class order.
-RANPAC_SETTINGS: Overrides = (
-    ("optim.batch_size", "48"),
-    ("optim.epochs", "20"),
-    ("optim.lr_schedule", "cosine_epochs"),
-    ("optim.peft_freeze_epochs", "0"),
-    ("model.peft.adapter_dim", "64"),
-    ("model.peft.blocks", "(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)"),
-)
-RANPAC_ORDER: Overrides = (
-    ("data.class_order_seed", "1993"),
-    ("data.class_order_rng", "numpy_legacy"),
-)
+RANPAC_SETTINGS: Overrides = _aper_settings() + _TO_TENSOR
 _IN21K = "weights=vit_base_patch16_224.augreg_in21k"
 _RANPAC_RUN = f"method=ranpac,peft=adapter,loss=ce/aepg,{SEEDS5}"
 RANPAC_GRIDS = (
     Grid(CIFAR, f"tasks=10,{_IN21K},{_RANPAC_RUN}", "RanPAC, CIFAR-100", False,
-         RANPAC_SETTINGS + RANPAC_ORDER),
+         RANPAC_SETTINGS + _SHUFFLE_1993),
     Grid("configs/cub200.py", f"tasks=10,{_RANPAC_RUN}", "RanPAC, CUB-200", False,
-         RANPAC_SETTINGS + RANPAC_ORDER),
+         RANPAC_SETTINGS + _SHUFFLE_1993),
     Grid(IMR, f"tasks=10,{_RANPAC_RUN}", "RanPAC, ImageNet-R", False,
-         RANPAC_SETTINGS + RANPAC_ORDER),
+         RANPAC_SETTINGS + _SHUFFLE_1993),
     Grid(PILOT, f"dataset=imagenet_a/vtab,{_RANPAC_RUN}", "RanPAC, ImageNet-A and VTAB",
          False, RANPAC_SETTINGS),
     Grid(PILOT, f"dataset=omnibenchmark,{_IN21K},{_RANPAC_RUN}", "RanPAC, OmniBenchmark",
@@ -458,30 +496,47 @@ DEMO_COLUMNS = [
 ]
 
 
-def _demo(name: str, title: str, methods: tuple[tuple[str, str], ...]) -> Experiment:
-    """The experiment's methods on configs/demo.py (digits, tiny ViT, 5 tasks), CE, 2 seeds."""
-    spec = f"method={'/'.join(m for m, _ in methods)},loss=ce,seed=0/1"
+def _demo(
+    name: str,
+    title: str,
+    methods: tuple[tuple[str, str], ...],
+    overrides: dict[str, Overrides] | None = None,
+) -> Experiment:
+    """The experiment's methods on configs/demo.py (digits, tiny ViT, 5 tasks), CE, 2 seeds;
+    a method of `overrides` runs as a grid of its own with its overrides."""
+    overrides = overrides or {}
+    plain = [m for m, _ in methods if m not in overrides]
+    grids = (
+        [Grid(DEMO, f"method={'/'.join(plain)},loss=ce,seed=0/1", readme=False)] if plain else []
+    )
+    grids += [Grid(DEMO, f"method={m},loss=ce,seed=0/1", readme=False, overrides=o)
+              for m, o in overrides.items()]  # fmt: skip
     return Experiment(
         name,
         f"Demo of `{title}`: {', '.join(n for _, n in methods)} on the embedded digits "
         "(configs/demo.py), 2 seeds",
-        [Grid(DEMO, spec, readme=False)],
+        grids,
         [Table(f"Demo of {title} (digits, 5 tasks; no published numbers)",
                [Row(n, {"method": m, "loss": "ce"}) for m, n in methods], DEMO_COLUMNS)],
     )  # fmt: skip
 
 
-# The methods that classify by class prototypes (methods/simplecil.py); one line per method.
+# The methods that classify by class prototypes (methods/simplecil.py, ease.py, ranpac.py); one
+# line per method. RanPAC's demo projects to M = 2000: at its default 10000 the ridge solves
+# dominate a CPU run (~18 min on 2 cores).
 PROTOTYPE_METHODS = (
     ("simplecil", "SimpleCIL"),
     ("aper", "APER"),
+    ("ease", "EASE"),
+    ("ranpac", "RanPAC"),
 )
+PROTOTYPE_OVERRIDES: dict[str, Overrides] = {"ranpac": (("method.ranpac_m", "2000"),)}
 
 DEMOS = (
     _demo("coda_prompt_demo", "coda_prompt", PROMPTS),
     _demo("inflora_demo", "inflora", INFLORA_ROWS),
     _demo("pilot_demo", "pilot", PROMPTS),
-    _demo("prototypes_demo", "prototypes", PROTOTYPE_METHODS),
+    _demo("prototypes_demo", "prototypes", PROTOTYPE_METHODS, PROTOTYPE_OVERRIDES),
 )
 
 # ------------------------------------------------------------------------------------- APER
@@ -502,28 +557,6 @@ APER_COMMON: Overrides = (
     ("model.weights", "vit_base_patch16_224.augreg_in21k"),
     ("input.normalize", "none"),
 )
-_SHUFFLE_1993: Overrides = (
-    ("data.class_order_seed", "1993"),
-    ("data.class_order_rng", "numpy_legacy"),
-)
-
-
-def _aper_settings(lr: str = "0.01", batch: str = "48", wd: str = "0.0005") -> Overrides:
-    return (
-        ("model.peft.adapter_style", "ffn"),
-        ("model.peft.adapter_dim", "64"),
-        ("model.peft.adapter_scale", "0.1"),
-        ("model.peft.blocks", "(0,1,2,3,4,5,6,7,8,9,10,11)"),
-        ("optim.optimizer", "sgd"),
-        ("optim.momentum", "0.9"),
-        ("optim.learning_rate", lr),
-        ("optim.batch_size", batch),
-        ("optim.weight_decay", wd),
-        ("optim.lr_schedule", "cosine_annealing"),
-        ("optim.epochs", "20"),
-        ("optim.peft_freeze_epochs", "0"),
-        ("optim.clip_norm", "0.0"),
-    )
 
 
 # (config, spec, column stem, label, column `where`, shuffled here, APER settings)

@@ -59,14 +59,18 @@ FIT_FRACTION = 0.8  # RanPAC.py L140: the first 80% of the shuffled images fit, 
 SCALE = "logit_scale"  # the cosine classifier's trainable scale (top-level leaf, label head)
 _HI = jax.lax.Precision.HIGHEST
 
-# RanPAC's args/*_publish.csv (ID 7, every dataset): batch 48, 20 epochs, a per-epoch cosine
-# (`CosineAnnealingLR`; ours keeps CODA-P's one-epoch lag), no clipping. Its optimizer is SGD
-# (momentum 0.9, lr 0.01, weight decay 5e-4), which the project does not have: Adam at the
-# configured learning rate trains instead (docs/algorithm.md §22).
+# RanPAC's args/*_publish.csv (ID 7, every dataset): SGD over the adapters and the cosine head
+# (momentum 0.9, lr 0.01 = `body_lr`, weight decay 5e-4), torch's per-epoch CosineAnnealingLR to
+# `min_lr` 0 over 20 epochs, batch 48, no clipping (RanPAC.py L231-232). Its adapter
+# (`model.peft.adapter_style=ffn`, width 64, scale 0.1) is a `model.peft` setting, not set here.
 RANPAC_SETTINGS: dict[str, Any] = {
+    "optim.optimizer": "sgd",
+    "optim.momentum": 0.9,
+    "optim.learning_rate": 0.01,
+    "optim.weight_decay": 5e-4,
+    "optim.lr_schedule": "cosine_annealing",
     "optim.batch_size": 48,
     "optim.epochs": 20,
-    "optim.lr_schedule": "cosine_epochs",
     "optim.peft_freeze_epochs": 0,
     "optim.clip_norm": 0.0,
 }

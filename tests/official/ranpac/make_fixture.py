@@ -9,6 +9,13 @@ official learner's backbone, with the official settings of "RanPAC without PETL"
 args ID 4: `model_name=ncm`, `use_RP=True`) and M = 128. Inputs are `(x / 255 - 0.5) / 0.5`,
 the project's `input.normalize=minus_one_one`, with no crop (32 px stored, 32 px model).
 
+Then the first-session adaptation of RanPAC's adapter variant (its args ID 7, `model_name=
+adapter`) on the same stream's task 0 (`first_session`): the repository's AdaptFormer ViT
+(`petl/vision_transformer_adapter.py`, imported unmodified) at the tiny sizes with the fixture's
+weights, the adapters' dropout set to 0 (the project's ViT has none), SGD with the official
+momentum, weight decay and cosine annealing at a larger lr (ADAPT_LR, ADAPT_EPOCHS), the task's
+48 training images as one batch per epoch; the trainable parameters before and after are stored.
+
 Stand-ins, scaffolding only: `.cuda()` / `.to(device='cuda')` stay on the CPU; `inc_net`'s
 `get_convnet` returns the tiny timm ViT (the official one downloads ViT-B/16); the data manager
 is a small object serving the stored images by class; `RanPAC.DataLoader` yields a given order
@@ -21,11 +28,12 @@ Regenerate (the official repository fetched to OFFICIAL, a torch venv)::
 
     python3 -m venv /work/venv_ranpac
     /work/venv_ranpac/bin/pip install torch==2.13.0
-    /work/venv_ranpac/bin/pip install --no-deps timm==0.6.12
+    /work/venv_ranpac/bin/pip install --no-deps timm==0.6.13
     /work/venv_ranpac/bin/pip install numpy safetensors tqdm pyyaml huggingface_hub
     /work/venv_ranpac/bin/python tests/official/ranpac/make_fixture.py --official=OFFICIAL
 
-Generated with torch 2.13.0+cpu, timm 0.6.12, numpy 2.4.6 (CPU).
+Generated with torch 2.13.0+cpu, timm 0.6.13, numpy 2.4.6 (CPU); easydict is replaced by a
+two-line stand-in (the adapter ViT reads its config by attribute).
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures"
 TASKS, CLASSES_PER_TASK, TRAIN, TEST, M = 3, 2, 24, 8, 128
 SIZE = 32
+# The first-session adaptation: RanPAC's SGD settings (momentum 0.9, weight decay 5e-4, cosine
+# to 0 per epoch) with a larger rate, so that the few steps move the adapters measurably.
+ADAPT_EPOCHS, ADAPT_LR = 4, 2.0
 
 
 def make_images(seed: int = 0):
@@ -204,8 +215,106 @@ def main() -> None:
         learner.after_task()
     out["ridges"] = np.asarray(ridges)
     out["accuracy"] = acc
+    out.update(first_session(timm, torch, RanPAC, inc_net, data, args.official))
     np.savez_compressed(FIXTURES / "official_ranpac.npz", **out)
     print("ridges", ridges, "accuracy", acc, sep="\n")
+
+
+def first_session(timm, torch, ranpac_module, inc_net, data, official: str) -> dict:
+    """RanPAC's adapter variant (its args ID 7 `model_name=adapter`) on task 0 of the same
+    stream: the official `_init_train` (SGD over `self._network.parameters()`, momentum 0.9,
+    `CosineAnnealingLR(T_max=tuned_epoch, eta_min=min_lr)`, RanPAC.py L237-243) on the
+    repository's AdaptFormer ViT (petl/vision_transformer_adapter.py, `ffn_num` 64 as inc_net.py
+    L117 hard-codes, scale 0.1, "lora" init) at the tiny sizes, the task's 48 training images as
+    one batch per epoch (ADAPT_EPOCHS steps). Returns the trainable parameters before (`adapt/
+    init/<name>`) and after (`adapt/adapted/<name>`) the adaptation."""
+    sys.path.insert(0, official)
+    from petl import vision_transformer_adapter as vta
+
+    class EasyDict(dict):  # easydict's attribute access, the only part the ViT reads
+        __getattr__ = dict.__getitem__
+
+    state = safetensors_state(torch)
+
+    def adapter_vit(args, pretrained=False):
+        # inc_net.py L117-131's tuning_config at width 32
+        tuning_config = EasyDict(
+            ffn_adapt=True, ffn_option="parallel", ffn_adapter_layernorm_option="none",
+            ffn_adapter_init_option="lora", ffn_adapter_scalar="0.1", ffn_num=64,
+            d_model=32, vpt_on=False, vpt_num=0,
+        )  # fmt: skip
+        model = vta.VisionTransformer(
+            img_size=SIZE, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=4,
+            qkv_bias=True, num_classes=0, global_pool=False, drop_path_rate=0.0,
+            tuning_config=tuning_config,
+        )  # fmt: skip
+        # vision_transformer_adapter.py L423-458: qkv split (at width 32), `mlp.fc*` renamed,
+        # everything but the adapters frozen.
+        sd = dict(state)
+        for key in list(sd):
+            for kind in ("weight", "bias"):
+                if f"qkv.{kind}" in key:
+                    for name, value in zip("qkv", sd.pop(key).split(32), strict=True):
+                        sd[key.replace(f"qkv.{kind}", f"{name}_proj.{kind}")] = value
+        for key in list(sd):
+            if "mlp.fc" in key:
+                sd[key.replace("mlp.", "")] = sd.pop(key)
+        msg = model.load_state_dict(sd, strict=False)
+        assert not msg.unexpected_keys, msg.unexpected_keys
+        for name, p in model.named_parameters():
+            p.requires_grad = name in msg.missing_keys
+        for module in model.modules():
+            if isinstance(module, vta.Adapter):
+                module.dropout = 0.0  # the adapters' dropout 0.1 off: the project has none
+        model.out_dim = 32
+        return model.eval()
+
+    inc_net.get_convnet = adapter_vit
+    torch.manual_seed(2)
+    learner = ranpac_module.Learner(
+        {
+            "model_name": "adapter",
+            "convnet_type": "pretrained_vit_b16_224_adapter",
+            "device": ["cpu"],
+            "batch_size": TRAIN * CLASSES_PER_TASK,  # one batch: the loader's shuffle is moot
+            "use_RP": True,
+            "M": M,
+            "weight_decay": 0.0005,
+            "min_lr": 0.0,
+            "tuned_epoch": ADAPT_EPOCHS,
+            "body_lr": ADAPT_LR,
+            "head_lr": ADAPT_LR,
+        }
+    )
+    learner.is_dil, learner.dil_init = False, False
+    out = {}
+    init_train = learner._init_train
+
+    def recorded(*a):
+        def snap():
+            return {
+                k: v.detach().clone().numpy()
+                for k, v in learner._network.named_parameters()
+                if v.requires_grad
+            }
+
+        before = snap()
+        init_train(*a)
+        for k, v in snap().items():
+            out[f"adapt/init/{k}"], out[f"adapt/adapted/{k}"] = before[k], v
+
+    learner._init_train = recorded
+    learner.incremental_train(data)
+    assert out, "the official learner did not adapt"
+    out["adapt/lr"], out["adapt/epochs"] = np.float32(ADAPT_LR), np.int32(ADAPT_EPOCHS)
+    return out
+
+
+def safetensors_state(torch) -> dict:
+    import safetensors.torch
+
+    state = safetensors.torch.load_file(str(FIXTURES / "timm_tiny_vit.safetensors"))
+    return {k: v for k, v in state.items() if not k.startswith("head.")}
 
 
 if __name__ == "__main__":
