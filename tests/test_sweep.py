@@ -101,7 +101,7 @@ def test_tables_cli_reads_the_experiment_the_sweep_recorded(tmp_path, capsys):
     # Nothing done yet: every run is named as without results, and the exit status says so.
     assert tables.main([str(tmp_path), "--format=csv", "--out", str(tmp_path / "t.csv")]) == 1
     text = (tmp_path / "t.csv").read_text()
-    assert text.count("\n") == 1 + 6 * 2 and ",0,3,0,,,,,,0" in text  # nothing done yet
+    assert text.count("\n") == 1 + 6 * 3 and ",0,3,0,,,,,,0" in text  # 6 rows x 3 columns
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit) as err:
         tables.main([str(tmp_path / "empty")])
