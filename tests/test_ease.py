@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from resume import assert_resumes_after_a_crash_in_end_task
 from tiny import tiny_config
 
 from aepg_jax.config import schema
@@ -204,17 +205,6 @@ def test_interrupted_prototype_pass_resumes_to_the_same_results(tmp_path, monkey
     exactly as an uninterrupted run."""
     cfg = _config(tmp_path)
     straight = trainer.run(cfg, str(tmp_path / "straight"))
-    end_task = ease.Ease.end_task
-
-    def crash_in_task_1(self, task, trainable, state, ctx):
-        if task.index == 1:
-            raise RuntimeError("killed in the prototype pass")
-        return end_task(self, task, trainable, state, ctx)
-
-    monkeypatch.setattr(ease.Ease, "end_task", crash_in_task_1)
-    with pytest.raises(RuntimeError, match="killed"):
-        trainer.run(cfg, str(tmp_path / "killed"))
-    monkeypatch.undo()
-    resumed = trainer.run(cfg, str(tmp_path / "killed"))
-    assert resumed["accuracy_matrix"] == straight["accuracy_matrix"]
-    assert resumed["entropy"] == pytest.approx(straight["entropy"], rel=1e-6)
+    assert_resumes_after_a_crash_in_end_task(
+        ease.Ease, cfg, tmp_path / "killed", straight, monkeypatch
+    )

@@ -8,6 +8,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from resume import assert_resumes_after_a_crash_in_end_task
 from tiny import tiny_config
 
 from aepg_jax.continual import steps, trainer
@@ -67,18 +68,9 @@ def test_aper_adapts_on_task_0_only_and_a_resumed_run_equals_an_uninterrupted_on
         assert jax.tree.all(jax.tree.map(np.array_equal, later, seen[0]))
     monkeypatch.undo()
 
-    def crash_in_task_1(self, task, trainable, state, ctx):
-        if task.index == 1:
-            raise RuntimeError("killed in the prototype pass")
-        return end_task(self, task, trainable, state, ctx)
-
-    monkeypatch.setattr(simplecil.Prototypes, "end_task", crash_in_task_1)
-    with pytest.raises(RuntimeError, match="killed"):
-        trainer.run(cfg, str(tmp_path / "killed"))
-    monkeypatch.undo()
-    resumed = trainer.run(cfg, str(tmp_path / "killed"))
-    assert resumed["accuracy_matrix"] == straight["accuracy_matrix"]
-    assert resumed["entropy"] == pytest.approx(straight["entropy"], rel=1e-6)
+    assert_resumes_after_a_crash_in_end_task(
+        simplecil.Prototypes, cfg, tmp_path / "killed", straight, monkeypatch
+    )
 
 
 def test_aper_refuses_a_run_without_a_peft_module():

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from resume import assert_resumes_after_a_crash_in_end_task
 from tiny import tiny_config
 
 from aepg_jax.continual import trainer
@@ -105,22 +106,9 @@ def test_runs_end_to_end_adapting_on_task_0_only(tmp_path, monkeypatch, loss):
 def test_interrupted_statistics_pass_resumes_to_the_same_results(tmp_path, monkeypatch):
     cfg = _config(tmp_path, max_steps_per_task=3)
     straight = trainer.run(cfg, str(tmp_path / "straight"))
-    features = ranpac.RanPAC.task_features
-    calls = []
-
-    def crash_in_task_1(self, ctx, trainable):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("killed in the statistics pass")
-        return features(self, ctx, trainable)
-
-    monkeypatch.setattr(ranpac.RanPAC, "task_features", crash_in_task_1)
-    with pytest.raises(RuntimeError, match="killed"):
-        trainer.run(cfg, str(tmp_path / "killed"))
-    monkeypatch.undo()
-    resumed = trainer.run(cfg, str(tmp_path / "killed"))
-    assert resumed["accuracy_matrix"] == straight["accuracy_matrix"]
-    assert resumed["entropy"] == pytest.approx(straight["entropy"], rel=1e-6)
+    assert_resumes_after_a_crash_in_end_task(
+        ranpac.RanPAC, cfg, tmp_path / "killed", straight, monkeypatch
+    )
 
 
 @pytest.mark.slow

@@ -132,16 +132,21 @@ def _require_examples(name: str, tasks: splits.TaskSplit, num_tasks: int) -> Non
 
 def initial_params(cfg: ml_collections.ConfigDict, key: jax.Array, mesh) -> Params:
     """Backbone (random, augreg file or pretrained) + fresh PEFT, no heads yet."""
-    params = vit.init_params(cfg.model, jax.random.fold_in(key, 0))
+    return loaded_backbone(cfg, vit.init_params(cfg.model, jax.random.fold_in(key, 0)), mesh)
+
+
+def loaded_backbone(cfg: ml_collections.ConfigDict, params: Params, mesh) -> Params:
+    """`params` (arrays or shapes) with the backbone `model.init` names loaded in: an augreg
+    or timm file, or the project's pretraining; unchanged for a random backbone."""
     if cfg.model.init == "augreg":
         try:
             path = weights.local_path(weights.checkpoint_of(cfg.model))
-            params = weights.load_backbone(path, params)
+            return weights.load_backbone(path, params)
         except augreg.CheckpointError as err:  # name the field the user set
             field = "model.checkpoint" if cfg.model.checkpoint else "model.weights"
             raise augreg.CheckpointError(f"{field}: {err}") from err
-    elif cfg.model.init == "pretrained":
-        params = augreg.load_backbone(pretrain.pretrain_backbone(cfg, mesh), params)
+    if cfg.model.init == "pretrained":
+        return augreg.load_backbone(pretrain.pretrain_backbone(cfg, mesh), params)
     return params
 
 
@@ -246,16 +251,7 @@ def initial_trees_all(
     draw_peft = jax.jit(initial_peft, compiler_options=compiles.EAGER_NUMERICS)
     peft = [draw_peft(key) for key in keys]
     shapes = jax.eval_shape(lambda key: random_trees(key)[1], keys[0])
-    params = partition.merge(peft[0], shapes)
-    if cfg.model.init == "augreg":
-        try:
-            path = weights.local_path(weights.checkpoint_of(cfg.model))
-            params = weights.load_backbone(path, params)
-        except augreg.CheckpointError as err:  # name the field the user set
-            field = "model.checkpoint" if cfg.model.checkpoint else "model.weights"
-            raise augreg.CheckpointError(f"{field}: {err}") from err
-    elif cfg.model.init == "pretrained":
-        params = augreg.load_backbone(pretrain.pretrain_backbone(cfg, mesh), params)
+    params = loaded_backbone(cfg, partition.merge(peft[0], shapes), mesh)
     _, backbone = partition.split(params, partition.label_params(params), partition.TRAINABLE)
     return peft, [backbone]
 
