@@ -270,6 +270,10 @@ class InfLoRA(Method):
         """`mean_tokens x x^T` (n_blocks, D, D) of each block's attention input over the task's
         training images (test transform), with LoRAs 0..task-1 and `lora` as task's B."""
         lora = lora or {"B_k": self._zeros_b(), "B_v": self._zeros_b()}
+        # The state and LoRA leaves placed like the backbone's: leaves made on the host (after
+        # end_task) and leaves a step returned then have one sharding, so one program serves.
+        placed = jax.tree.leaves(ctx.frozen)[0].sharding
+        state, lora = jax.device_put((state, lora), placed)
         task_index = jnp.asarray(task, jnp.int32)
         sums, count = None, 0
         for batch in progress.new(
@@ -290,6 +294,7 @@ class InfLoRA(Method):
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The covariance pass, run twice per task (`begin_task` and `end_task`)."""
         lora = {"B_k": self._zeros_b(), "B_v": self._zeros_b()}
+        state, lora = jax.device_put((state, lora), jax.tree.leaves(frozen)[0].sharding)
         args = (frozen, state, lora, batch, jnp.asarray(task, jnp.int32))
         return {"covariance": (self._cov_step, args, 2)}
 

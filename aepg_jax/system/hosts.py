@@ -149,7 +149,7 @@ def gather(tree: Any) -> Any:
     multi-process run come back whole, on every process."""
     if jax.process_count() == 1:
         return jax.device_get(tree)
-    return multihost_utils.process_allgather(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)
 
 
 # What JAX's errors say when a peer process is gone (gloo's TCP pairs, the coordination service).
