@@ -244,4 +244,3 @@ def main(argv: list[str]) -> int:
         args.num_processes, args.devices_per_process, main_command(main_args), log_dir=args.log_dir
     )
     return supervise(procs, args.grace_s, shown=args.log_dir is None)
-
