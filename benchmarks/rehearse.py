@@ -114,7 +114,8 @@ finally:  # an accelerator's peak (None on the CPU, whose memory is the RSS abov
     stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         with open(EVENTS, "a") as f:
-            f.write(json.dumps({"phase": "device memory", "device": jax.local_devices()[0].device_kind,
+            f.write(json.dumps({"phase": "device memory",
+                                "device": jax.local_devices()[0].device_kind,
                                 "peak_bytes": stats["peak_bytes_in_use"],
                                 "limit_bytes": stats.get("bytes_limit")}) + "\\n")
 """

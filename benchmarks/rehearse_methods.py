@@ -118,12 +118,9 @@ def main() -> None:
     prepared = os.path.join(args.root, "prepared", "imagenet_r")
     if not os.path.exists(archive) and not os.path.isdir(prepared):
         start = time.time()
-        subprocess.check_call(
-            [
-                sys.executable, os.path.join(REPO, "benchmarks", "make_synthetic_archives.py"),
-                "imagenet_r", f"--out={os.path.dirname(archive)}", f"--scale={args.scale}",
-            ]  # fmt: skip
-        )
+        make = os.path.join(REPO, "benchmarks", "make_synthetic_archives.py")
+        out = f"--out={os.path.dirname(archive)}"
+        subprocess.check_call([sys.executable, make, "imagenet_r", out, f"--scale={args.scale}"])
         print(f"synthetic archive: {time.time() - start:.0f} s", flush=True)
     rows = [rehearse(m, args) for m in methods]
     print("\n| method | exit | wall | peak RSS | accelerator peak | compilations | A_T |")

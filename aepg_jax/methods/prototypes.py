@@ -59,8 +59,8 @@ class ClassSums:
 
 
 def sums_program(features: FeatureFn, cfg: ml_collections.ConfigDict) -> SumsStep:
-    """`class_sums_step(sums, params, batch)`, jitted: the batch's uint8 images through the test transform
-    (`model.image_size`, `input.normalize`) and `features`, added to `sums` by label."""
+    """`class_sums_step(sums, params, batch)`, jitted: the batch's uint8 images through the test
+    transform (`model.image_size`, `input.normalize`) and `features`, added to `sums` by label."""
 
     # Named apart from the training step: the compile report counts programs by name.
     def class_sums_step(sums: ClassSums, params: Any, batch: Batch) -> ClassSums:
