@@ -41,7 +41,6 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from aepg_jax.data import augment
 from aepg_jax.methods import prototypes
 from aepg_jax.methods.base import (
     Method,
@@ -293,11 +292,7 @@ class Ease(Method):
         num_classes = state["prototypes"].shape[0]
         owner = jnp.asarray(class_tasks(task.head_sizes))
         chex.assert_shape(owner, (num_classes,))
-        if self._sums_step is None:  # one compilation each per run (task and slot traced)
-            self._sums_step = prototypes.sums_program(self._slot_features, self.cfg)
-            self._store = jax.jit(store_adapter)
-            self._put = jax.jit(put_means)
-            self._complete_step = jax.jit(complete, static_argnums=(3,))
+        self._build_programs()
         t_arr = jnp.asarray(t, jnp.int32)
         adapters = self._store(state["adapters"], adapter, t_arr)
         protos = state["prototypes"]
@@ -307,12 +302,21 @@ class Ease(Method):
                 self._sums_step,
                 (ctx.frozen, adapters, slot_arr),
                 ctx.train_batches(),
-                prototypes.ClassSums.zeros(num_classes, self.width),
+                prototypes.ClassSums.zeros(num_classes, self.width),  # placed by accumulate
                 desc=f"task {t + 1} EASE prototypes, subspace {slot + 1}",
             )
             protos = self._put(protos, sums, owner == t_arr, slot_arr)
         protos = self._complete_step(protos, owner, t_arr, self.ptm)
         return {"adapters": adapters, "prototypes": protos}
+
+    def _build_programs(self) -> None:
+        """The host-side programs, once per instance (task and slot traced): one compilation
+        each per run, the fit check's included."""
+        if self._sums_step is None:
+            self._sums_step = prototypes.sums_program(self._slot_features, self.cfg)
+            self._store = jax.jit(store_adapter)
+            self._put = jax.jit(put_means)
+            self._complete_step = jax.jit(complete, static_argnums=(3,))
 
     def _slot_features(self, params: tuple[Params, Params, jax.Array], images: jax.Array):
         """f_slot(x) (B, D) for `params = (frozen, adapters (T, ...), slot)`, slot traced."""
@@ -323,24 +327,15 @@ class Ease(Method):
         self, trainable: Params, state: Params, frozen: Params, batch, task: int
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The prototype pass (one per subspace seen, at most S per task) and the completion."""
+        self._build_programs()
         c = state["prototypes"].shape[0]
         slot = jnp.asarray(task, jnp.int32)
-        step = lambda sums, params, b: sums.add(
-            self._slot_features(
-                params,
-                augment.test_transform(
-                    b["image"], self.cfg.model.image_size, self.cfg.input.normalize
-                ),
-            ),
-            b["label"],
-            b["mask"],
-        )
-        sums = prototypes.ClassSums.zeros(c, self.width)
+        sums = prototypes.placed_like(prototypes.ClassSums.zeros(c, self.width), frozen)
         owner = jnp.asarray(class_tasks(tuple(head_lib.head_sizes(trainable))))
-        done = lambda p, o, t: complete(p, o, t, self.ptm)
+        args = (sums, (frozen, state["adapters"], slot), batch)
         return {
-            "prototypes": (step, (sums, (frozen, state["adapters"], slot), batch), self.slots),
-            "completion": (done, (state["prototypes"], owner, slot), 1),
+            "prototypes": (self._sums_step, args, self.slots),
+            "completion": (self._complete_step, (state["prototypes"], owner, slot, self.ptm), 1),
         }
 
     # -- inside the jitted steps ---------------------------------------------------------------

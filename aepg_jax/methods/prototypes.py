@@ -74,11 +74,25 @@ def accumulate(
     step: SumsStep, params: Any, batches: Iterable[Batch], sums: ClassSums, desc: str = ""
 ) -> ClassSums:
     """`sums` plus every batch's features (`step` from `sums_program`), on the host loop."""
+    sums = placed_like(sums, params)
     for batch in progress.new(
         batches, desc=desc, unit="batch", leave=False, disable=jax.process_index() != 0
     ):
         sums = step(sums, params, batch)
     return sums
+
+
+def placed_like(tree: Any, params: Any) -> Any:
+    """`tree` replicated on the mesh that `params` live on (unchanged where they have none).
+
+    A jitted program's outputs are committed to the mesh of its inputs; a first call with
+    uncommitted arrays (fresh zeros) would compile the program a second time for the calls that
+    take those outputs back."""
+    sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return tree
+    replicated = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return jax.device_put(tree, replicated)
 
 
 def cosine_logits(features: jax.Array, prototypes: jax.Array, eps: float = 1e-12) -> jax.Array:

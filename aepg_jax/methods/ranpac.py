@@ -252,8 +252,11 @@ class RanPAC(Method):
         state = dict(state)
         if self.m > 0 and task.index == 0:
             state["w_rand"] = draw_projection(jax.random.fold_in(ctx.key, 0), self.width, self.m)
+        state = prototypes.placed_like(state, trainable)  # w_rand drawn here is placed too
         feats, labels = self.task_features(ctx, trainable)
-        order = np.asarray(jax.random.permutation(jax.random.fold_in(ctx.key, 1), len(labels)))
+        # Shuffled on the host: a jitted permutation compiles once per task size.
+        seed = np.asarray(jax.random.key_data(jax.random.fold_in(ctx.key, 1)))
+        order = np.random.default_rng(seed).permutation(len(labels))
         chunk = max(int(self.cfg.eval.batch_size), 1)
         return self.update(state, feats[order], labels[order], chunk)
 
@@ -301,12 +304,15 @@ class RanPAC(Method):
         w_rand = state.get("w_rand")
         g, q = state["gram"], state["sums"]
         cands = jnp.zeros((len(RIDGES), *state["readout"].shape), jnp.float32)
+        w_rand, g, q, cands = prototypes.placed_like((w_rand, g, q, cands), trainable)
+        p = self._program
+        images = batch["image"]
         return {
-            "features": (self._batch_features, (trainable, frozen, batch["image"]), 1),
-            "accumulate": (_accumulate, (g, q, g, q, w_rand, f, y, w, fit), 1),
-            "errors": (_errors, (cands, w_rand, f, y, w), 1),
-            "candidates": (candidate_readouts, (g, q), 1),
-            "solve": (ridge_solve, (g, q, jnp.float32(1.0)), 1),
+            "features": (p("features", self._batch_features), (trainable, frozen, images), 1),
+            "accumulate": (p("accumulate", _accumulate), (g, q, g, q, w_rand, f, y, w, fit), 1),
+            "errors": (p("errors", _errors), (cands, w_rand, f, y, fit), 1),
+            "candidates": (p("candidates", candidate_readouts), (g, q), 1),
+            "solve": (p("solve", ridge_solve), (g, q, jnp.float32(1.0)), 1),
         }
 
 

@@ -107,10 +107,8 @@ class Prototypes(Method):
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
     ) -> Params:
         """Adds the task's training images' features to their classes' sums."""
-        if self._sums_step is None:  # one compilation for the run
-            self._sums_step = prototypes.sums_program(self._features_of, self.cfg)
         sums = prototypes.accumulate(
-            self._sums_step,
+            self._sums_program(),
             (trainable, ctx.frozen),
             ctx.train_batches(),
             self.class_sums(state),
@@ -119,6 +117,13 @@ class Prototypes(Method):
         chex.assert_equal_shape((sums.sums, state["proto_sums"]))
         return {**state, "proto_sums": sums.sums, "proto_counts": sums.counts}
 
+    def _sums_program(self) -> prototypes.SumsStep:
+        """The prototype pass's program, built once per instance: the fit check compiles the
+        one that `end_task` calls."""
+        if self._sums_step is None:
+            self._sums_step = prototypes.sums_program(self._features_of, self.cfg)
+        return self._sums_step
+
     def _features_of(self, params: tuple[Params, Params], images: jax.Array) -> jax.Array:
         return self.features(params[0], params[1], images)
 
@@ -126,8 +131,8 @@ class Prototypes(Method):
         self, trainable: Params, state: Params, frozen: Params, batch, task: int
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The prototype pass, once per task (`end_task`)."""
-        step = prototypes.sums_program(self._features_of, self.cfg)
-        return {"prototypes": (step, (self.class_sums(state), (trainable, frozen), batch), 1)}
+        sums = prototypes.placed_like(self.class_sums(state), trainable)
+        return {"prototypes": (self._sums_program(), (sums, (trainable, frozen), batch), 1)}
 
     # -- inside the jitted programs --------------------------------------------------------
 
