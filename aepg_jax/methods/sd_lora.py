@@ -38,6 +38,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import traverse_util
 
 from aepg_jax.methods.base import (
@@ -108,6 +109,8 @@ class SDLoRA(Method):
     }
     reference_settings: ClassVar[dict[str, Any]] = SD_LORA_SETTINGS
     uses_model_peft: ClassVar[bool] = False
+    # Its draws run op by op (one compilation per shape), not as one program per task.
+    grows_on_host: ClassVar[bool] = True
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         super().__init__(cfg)
@@ -123,6 +126,7 @@ class SDLoRA(Method):
         net_cfg.peft.lora_rank = self.num_tasks * self.rank
         net_cfg.peft.lora_targets = _TARGETS
         self.net = Network(net_cfg)
+        self._store = jax.jit(self._stored)
         if cfg.model.peft.kind != "none":
             logging.info(
                 "SD-LoRA brings its own LoRAs: model.peft (%s) is not used.", cfg.model.peft.kind
@@ -186,7 +190,7 @@ class SDLoRA(Method):
         magnitudes at their initial value; the model's PEFT leaves dropped."""
         n, d, r = len(self.blocks), self.width, self.rank
         bound = 1.0 / jnp.sqrt(d)
-        mask = self._rank_mask(task)[None, :, None]
+        mask = jnp.asarray(np.arange(r) < self.ranks[task], jnp.float32)[None, :, None]
         k_q, k_v = jax.random.split(key)
         a = lambda k: jax.random.uniform(k, (n, r, d), jnp.float32, -bound, bound) * mask
         b = jnp.zeros((n, d, r), jnp.float32)
@@ -205,7 +209,10 @@ class SDLoRA(Method):
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
     ) -> Params:
         """Stores task t's A, B and the magnitudes it ended with."""
-        t, lora = task.index, trainable[KEY]["lora"]
+        return self._store(trainable[KEY]["lora"], state, jnp.asarray(task.index, jnp.int32))
+
+    def _stored(self, lora: Params, state: Params, t: jax.Array) -> Params:
+        """`state` with task t's A, B and magnitudes (t traced: one program for the run)."""
         prev = jnp.where(jnp.arange(self.num_tasks) < t, lora["alpha_prev"], 0.0)
         row = prev.at[t].set(lora["alpha"])
         out = {k: state[k].at[t].set(lora[k]) for k in ("A_q", "A_v", "B_q", "B_v")}
