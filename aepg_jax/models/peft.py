@@ -184,7 +184,7 @@ class Prefix(nn.Module):
             scale = self.param(f"{name}_scale", nn.initializers.ones, ())
             return (scale * prefix).reshape(self.length, self.num_heads, head_dim)
 
-        return tuple(branch(name) for name in self.targets)
+        return branch("key"), branch("value")
 
 
 def insert_prefix(tokens: jax.Array, prefix: jax.Array) -> jax.Array:
