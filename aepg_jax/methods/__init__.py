@@ -30,11 +30,15 @@ from aepg_jax.methods.lae import LAE
 from aepg_jax.methods.lwf import LwF
 from aepg_jax.methods.plain import Plain
 from aepg_jax.methods.ranpac import RanPAC
+from aepg_jax.methods.sd_lora import SDLoRA
 from aepg_jax.methods.simplecil import SimpleCIL
 
 REGISTRY: dict[str, type[Method]] = {
     m.name: m
-    for m in (Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, SimpleCIL, Aper, Ease, RanPAC)
+    for m in (
+        *(Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, SimpleCIL, Aper, Ease, RanPAC),
+        SDLoRA,
+    )
 }
 NAMES = tuple(REGISTRY)
 
