@@ -223,16 +223,20 @@ class SLCA(Method):
             self._align = jax.jit(functools.partial(self._align_fn, head_sizes=head_sizes))
         return self._align
 
-    def _align_fn(
-        self, state: Params, key: jax.Array, t: jax.Array, *, head_sizes: tuple[int, ...]
-    ) -> Params:
-        m, o = self.cfg.method, self.cfg.optim
+    def draw(
+        self, state: Params, key: jax.Array, t: jax.Array, head_sizes: tuple[int, ...]
+    ) -> tuple[jax.Array, jax.Array]:
+        """The alignment's inputs after task `t`: per epoch, `slca_ca_samples` draws per class
+        from N(mu_c (0.9 + 0.1 (t_c + 1) / (t + 1)), Sigma_c + 1e-4 I), the seen classes'
+        draws shuffled into batches: features (E, C, n, D), labels (E, C, n) (batches of
+        unseen classes last, skipped)."""
+        m = self.cfg.method
         stats = self.stats(state)
         tasks = jnp.asarray(class_tasks(head_sizes))
         scale = MEAN_SHRINK + (tasks + 1) / (t + 1) * (1.0 - MEAN_SHRINK)
         means = stats.means() * scale[:, None]
         covs = stats.covariances(RIDGE)
-        seen = jnp.sum(jnp.where(tasks <= t, 1, 0))
+        seen = jnp.sum(tasks <= t)
         feats, labels = [], []
         for e in range(int(m.slca_ca_epochs)):
             k_draw, k_perm = jax.random.split(jax.random.fold_in(key, e))
@@ -240,11 +244,19 @@ class SLCA(Method):
             f, y = class_gaussians.shuffled_batches(draws, seen, k_perm)
             feats.append(f)
             labels.append(y)
+        return jnp.stack(feats), jnp.stack(labels)
+
+    def _align_fn(
+        self, state: Params, key: jax.Array, t: jax.Array, *, head_sizes: tuple[int, ...]
+    ) -> Params:
+        m, o = self.cfg.method, self.cfg.optim
+        feats, labels = self.draw(state, key, t, head_sizes)
+        seen = jnp.sum(jnp.asarray(class_tasks(head_sizes)) <= t)
         kernel, bias, _ = class_gaussians.align_classifier(
             state["heads"]["kernel"],
             state["heads"]["bias"],
-            jnp.stack(feats),
-            jnp.stack(labels),
+            feats,
+            labels,
             seen,
             seen,
             t + 1,
