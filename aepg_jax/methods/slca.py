@@ -86,12 +86,22 @@ def class_tasks(head_sizes: tuple[int, ...]) -> np.ndarray:
     return np.repeat(np.arange(len(head_sizes)), head_sizes)
 
 
+@functools.partial(jax.jit, static_argnums=2)
+def _columns(classifier: Params, lo: jax.Array, width: int) -> Params:
+    """Columns `[lo, lo + width)` of a classifier `{"kernel" (D, C), "bias" (C,)}`."""
+    return {
+        "kernel": jax.lax.dynamic_slice_in_dim(classifier["kernel"], lo, width, axis=1),
+        "bias": jax.lax.dynamic_slice_in_dim(classifier["bias"], lo, width),
+    }
+
+
 class SLCA(Method):
     """Full fine-tuning at a slow backbone rate, classifier alignment from class Gaussians."""
 
     name = "slca"
     uses_model_peft: ClassVar[bool] = False
     finetunes_backbone: ClassVar[bool] = True
+    grows_on_host: ClassVar[bool] = True  # `grow` only drops leaves: no program to compile
     task_data_passes: ClassVar[int] = 1  # the statistics pass, at end_task
     reference_settings: ClassVar[dict[str, Any]] = SLCA_SETTINGS
     defaults: ClassVar[dict[str, Any]] = {
@@ -157,12 +167,9 @@ class SLCA(Method):
         """Task t's head back to its initial draw; at task 0 the fresh final LayerNorm."""
         t = int(task.index)
         sizes = task.head_sizes
-        lo, hi = sum(sizes[:t]), sum(sizes[: t + 1])
         heads = dict(trainable["head"])
-        heads[head.task_name(t)] = {
-            "kernel": state["initial"]["kernel"][:, lo:hi],
-            "bias": state["initial"]["bias"][lo:hi],
-        }
+        lo = jnp.asarray(sum(sizes[:t]), jnp.int32)  # traced: one program per head width
+        heads[head.task_name(t)] = _columns(state["initial"], lo, sizes[t])
         trainable = {**trainable, "head": heads}
         if t == 0 and self.cfg.method.slca_fresh_final_norm:
             backbone = trainable[partition.FINETUNED]
@@ -220,7 +227,11 @@ class SLCA(Method):
         """`align(state, key, t) -> {"kernel", "bias"}` after task t (traced), jitted once
         for the run (module doc, step 3)."""
         if self._align is None:
-            self._align = jax.jit(functools.partial(self._align_fn, head_sizes=head_sizes))
+
+            def slca_alignment(state: Params, key: jax.Array, t: jax.Array) -> Params:
+                return self._align_fn(state, key, t, head_sizes=head_sizes)
+
+            self._align = jax.jit(slca_alignment)
         return self._align
 
     def draw(
