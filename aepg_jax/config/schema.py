@@ -96,7 +96,7 @@ Fields (defaults in brackets):
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
   method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora |
-                               simplecil | aper | ease | ranpac (methods/, one module each;
+                               simplecil | aper | ease | ranpac | slca (methods/, one module each;
                                simplecil and aper have no method.* fields: APER adapts
                                model.peft on task 0)
   method.<field>               each method's own fields, declared (with their defaults and
@@ -132,6 +132,14 @@ Fields (defaults in brackets):
                                RanPAC ranpac_m [10000] (random-projection width M: its Gram
                                matrix is M^2 float32 per seed, 400 MB at 10000, in the
                                checkpointed state; 0: no projection, the features themselves)
+                               SLCA slca_backbone_lr_scale [0.01] (the fine-tuned backbone's lr
+                               / optim.learning_rate, > 0), slca_ca_epochs [5] (classifier
+                               alignment epochs after tasks >= 1; 0: none), slca_ca_samples
+                               [256] (features drawn per class per epoch, also the batch),
+                               slca_ca_logit_norm [0.1] (per-task logit-norm temperature; 0:
+                               plain logits), slca_fresh_final_norm [True] (the backbone's final
+                               LayerNorm starts at scale 1, bias 0, as its code); SLCA fine-tunes
+                               the whole backbone and ignores model.peft (docs/methods.md, SLCA)
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has

@@ -134,7 +134,7 @@ class SLCA(Method):
             p.append("method.slca_ca_epochs must be >= 0 and method.slca_ca_samples >= 1.")
         if m.slca_ca_logit_norm < 0:
             p.append(f"method.slca_ca_logit_norm={m.slca_ca_logit_norm} must be >= 0 (0: off).")
-        if cfg.data.get("scenario", "class") != "class":
+        if cfg.method.name == cls.name and cfg.data.get("scenario", "class") != "class":
             p.append("method.name=slca is class-incremental only; set data.scenario=class.")
         return p
 
