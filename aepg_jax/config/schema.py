@@ -83,7 +83,10 @@ Fields (defaults in brackets):
                                cosine_epochs: lr * cos(99 pi k / (200 (E - 1))),
                                k = max(e - 1, 0), in epoch e = 0..E-1 (CODA-P's and InfLoRA's
                                per-epoch decay, its one-epoch lag kept), counted from each
-                               optimizer label's first update in the task
+                               optimizer label's first update in the task |
+                               multistep: lr * optim.lr_decay^(number of optim.lr_milestones
+                               <= e) in epoch e (torch's MultiStepLR stepped per epoch)
+  optim.lr_milestones [()] / optim.lr_decay [0.1]  multistep's epochs and factor
   optim.optimizer [adam]       adam | sgd (momentum optim.momentum [0.9], torch's: APER's,
                                RanPAC's and EASE's code); b1 / b2 / eps are Adam's
   optim.weight_decay [0.0]     > 0: wd * param added to every trainable gradient first (torch's
@@ -93,9 +96,9 @@ Fields (defaults in brackets):
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
   method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora |
-                               simplecil | aper | ease | ranpac | sd_lora (methods/, one module
-                               each; simplecil and aper have no method.* fields: APER adapts
-                               model.peft on task 0)
+                               simplecil | aper | ease | ranpac | sd_lora | slca (methods/, one
+                               module each; simplecil and aper have no method.* fields: APER
+                               adapts model.peft on task 0)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
                                decay); LwF lwf_temperature [1.0], lwf_weight [1.0];
@@ -134,6 +137,14 @@ Fields (defaults in brackets):
                                sd_lora_magnitude_init [0.8] (every magnitude at each task's
                                start), sd_lora_rank_steps [()] ((first_task, rank) steps of
                                SD-LoRA-RR, e.g. ((4, 8), (8, 6))); SD-LoRA ignores model.peft
+                               SLCA slca_backbone_lr_scale [0.01] (the fine-tuned backbone's lr
+                               / optim.learning_rate, > 0), slca_ca_epochs [5] (classifier
+                               alignment epochs after tasks >= 1; 0: none), slca_ca_samples
+                               [256] (features drawn per class per epoch, also the batch),
+                               slca_ca_logit_norm [0.1] (per-task logit-norm temperature; 0:
+                               plain logits), slca_fresh_final_norm [True] (the backbone's final
+                               LayerNorm starts at scale 1, bias 0, as its code); SLCA fine-tunes
+                               the whole backbone and ignores model.peft (docs/methods.md, SLCA)
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has
@@ -224,6 +235,8 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         optimizer="adam",
         momentum=0.9,
         weight_decay=0.0,
+        lr_milestones=(),
+        lr_decay=0.1,
     )
     c.method = dict(name="plain", **methods.defaults())
     c.eval = dict(batch_size=256)

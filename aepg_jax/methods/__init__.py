@@ -32,14 +32,13 @@ from aepg_jax.methods.plain import Plain
 from aepg_jax.methods.ranpac import RanPAC
 from aepg_jax.methods.sd_lora import SDLoRA
 from aepg_jax.methods.simplecil import SimpleCIL
+from aepg_jax.methods.slca import SLCA
 
-REGISTRY: dict[str, type[Method]] = {
-    m.name: m
-    for m in (
-        *(Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, SimpleCIL, Aper, Ease, RanPAC),
-        SDLoRA,
-    )
-}
+_ORDER: tuple[type[Method], ...] = (
+    Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, SimpleCIL, Aper, Ease, RanPAC, SDLoRA,
+    SLCA,
+)  # fmt: skip
+REGISTRY: dict[str, type[Method]] = {m.name: m for m in _ORDER}
 NAMES = tuple(REGISTRY)
 
 __all__ = ["NAMES", "REGISTRY", "Method", "Network", "TaskContext", "TaskSpec", "defaults", "get"]
