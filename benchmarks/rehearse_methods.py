@@ -1,11 +1,11 @@
-"""The class-statistics methods end to end at real size, each with its official settings.
+"""The field's methods end to end at real size, each with its official settings.
 
-    python benchmarks/rehearse_methods.py --root=ROOT [--methods=simplecil,aper,ease,ranpac]
+    python benchmarks/rehearse_methods.py --root=ROOT [--methods=simplecil,aper,ease,ranpac,...]
         [--tasks=10] [--steps=20] [--width=vit_ti]
 
 For each method, the ImageNet-R aEPG seed-0 run of its experiment (`aper` for SimpleCIL and
-APER, `ease`, `ranpac`: the overrides of its official code, batch size, SGD, adapters, [0, 1]
-inputs, class order) goes through `benchmarks/rehearse.py imagenet_r` on the synthetic ImageNet-R
+APER, `ease`, `ranpac`, `sd_lora`, `slca`: the overrides of its official code, batch size, SGD,
+adapters, [0, 1] inputs, class order) goes through `benchmarks/rehearse.py imagenet_r` on the synthetic ImageNet-R
 (`benchmarks/make_synthetic_archives.py`, written to ROOT/archives when absent, prepared once
 into ROOT/prepared): 224 px crops of the 256 px cache, every task and every evaluation over the
 whole seen test set, the method's class-statistics passes over every task's training split, a
@@ -39,6 +39,8 @@ EXPERIMENTS = {
     "aper": ("aper", "config=imagenet_r,method=aper,loss=aepg,seed=0"),
     "ease": ("ease", "config=imagenet_r,method=ease,loss=aepg,seed=0"),
     "ranpac": ("ranpac", "config=imagenet_r,method=ranpac,loss=aepg,seed=0"),
+    "sd_lora": ("sd_lora", "config=imagenet_r,method=sd_lora,loss=aepg,seed=0,tasks=10"),
+    "slca": ("slca", "config=imagenet_r,method=slca,loss=aepg,seed=0"),
 }
 WIDTHS = {
     "vit_ti": ("hidden_size=192", "num_heads=3", "mlp_dim=768", "depth=12"),
