@@ -5,14 +5,15 @@
 
 For each method, the ImageNet-R aEPG seed-0 run of its experiment (`aper` for SimpleCIL and
 APER, `ease`, `ranpac`, `sd_lora`, `slca`: the overrides of its official code, batch size, SGD,
-adapters, [0, 1] inputs, class order) goes through `benchmarks/rehearse.py imagenet_r` on the synthetic ImageNet-R
-(`benchmarks/make_synthetic_archives.py`, written to ROOT/archives when absent, prepared once
-into ROOT/prepared): 224 px crops of the 256 px cache, every task and every evaluation over the
-whole seen test set, the method's class-statistics passes over every task's training split, a
-random-init ViT at `--width` (ViT-Ti: 192 wide, 3 heads, MLP 768, depth 12), `--tasks` tasks
-(the published ImageNet-R splits are 10 tasks, APER's 40) and at most `--steps` training steps
-per task. The pretrained weights are left out (nothing is downloaded); the host and device side
-is rehearsed, not accuracy. Prints one row per method (exit, wall, peak RSS, the accelerator's
+adapters, [0, 1] inputs, class order) goes through `benchmarks/rehearse.py imagenet_r` on the
+synthetic ImageNet-R (`benchmarks/make_synthetic_archives.py`, written to ROOT/archives when
+absent, prepared once into ROOT/prepared): 224 px crops of the 256 px cache, every task and
+every evaluation over the whole seen test set, the method's class-statistics passes over every
+task's training split, a random-init ViT at `--width` (ViT-Ti: 192 wide, 3 heads, MLP 768,
+depth 12), `--tasks` tasks (the published ImageNet-R splits are 10 tasks, APER's 40) and at
+most `--steps` training steps per task. The pretrained weights are left out (nothing is
+downloaded); the host and device side is rehearsed, not accuracy.
+Prints one row per method (exit, wall, peak RSS, the accelerator's
 peak memory where there is one, compilations) and writes ROOT/rehearsal-imagenet_r-METHOD.json
 and ROOT/results-METHOD.json.
 """
