@@ -24,6 +24,7 @@ from aepg_jax.methods.base import Method, Network, TaskContext, TaskSpec
 from aepg_jax.methods.coda_prompt import CodaPrompt
 from aepg_jax.methods.dualprompt import DualPrompt
 from aepg_jax.methods.ease import Ease
+from aepg_jax.methods.hide_prompt import HiDePrompt
 from aepg_jax.methods.inflora import InfLoRA
 from aepg_jax.methods.l2p import L2P
 from aepg_jax.methods.lae import LAE
@@ -36,6 +37,8 @@ REGISTRY: dict[str, type[Method]] = {
     m.name: m
     for m in (Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, SimpleCIL, Aper, Ease, RanPAC)
 }
+REGISTRY[HiDePrompt.name] = HiDePrompt
+
 NAMES = tuple(REGISTRY)
 
 __all__ = ["NAMES", "REGISTRY", "Method", "Network", "TaskContext", "TaskSpec", "defaults", "get"]
