@@ -40,6 +40,8 @@ every task) does not allow.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -51,7 +53,6 @@ import ml_collections
 import numpy as np
 import optax
 
-from aepg_jax import losses
 from aepg_jax.data import augment
 from aepg_jax.methods import base, prompting
 from aepg_jax.methods.base import Network, Params, TaskContext, TaskSpec, softmax_probs
@@ -190,6 +191,13 @@ def cosine_rate(lr: float, epoch: int, epochs: int) -> float:
     return lr * 0.5 * (1.0 + float(np.cos(np.pi * epoch / epochs)))
 
 
+def named(fn: Callable, name: str, **bound: Any) -> Callable:
+    """`fn` with `bound` arguments fixed, under `name` (its compilations' name in the logs)."""
+    out = functools.partial(fn, **bound)
+    out.__name__ = name  # type: ignore[attr-defined]
+    return out
+
+
 # -- the method --------------------------------------------------------------------------------
 
 
@@ -220,6 +228,7 @@ class HiDePrompt(prompting.PromptMethod):
     def __init__(self, cfg: ml_collections.ConfigDict):
         super().__init__(cfg)
         self._programs: dict[str, Callable] = {}
+        self._place: Callable = lambda tree: tree
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
@@ -379,8 +388,7 @@ class HiDePrompt(prompting.PromptMethod):
         copy of slot t-1."""
         if task.index == 0:
             return trainable, state
-        e = trainable[prompting.PROMPT]["e"]
-        e = e.at[:, :, task.index].set(e[:, :, task.index - 1])
+        e = self.programs()["begin"](trainable[prompting.PROMPT]["e"], task.traced())
         return {**trainable, "head": state["head"], prompting.PROMPT: {"e": e}}, state
 
     def end_task(
@@ -391,58 +399,45 @@ class HiDePrompt(prompting.PromptMethod):
         t = task.traced()
         e = p["momentum"](trainable[prompting.PROMPT]["e"], t)
         trainable = {**trainable, prompting.PROMPT: {"e": e}}
-        wtp = Gaussians.zeros(*state["wtp_stats"]["mean"].shape)
-        tiig = Gaussians.zeros(*state["wtp_stats"]["mean"].shape)
+        c, d = state["wtp_stats"]["mean"].shape
+        batches = iter(ctx.train_batches())
+        first = next(batches)
+        # Host-side inputs placed as the programs' outputs will be (replicated on the
+        # batches' mesh), and the statistics summed outside the per-batch program: each
+        # program compiles once for the run.
+        place = self._place = self._placer(first["label"])
+        state = place(state)
+        wtp = tiig = None
         feats, labels = [], []
-        for batch in ctx.train_batches():
-            wtp, tiig, q = p["stats"](wtp, tiig, trainable, ctx.frozen, batch, t)
+        for batch in itertools.chain([first], batches):
+            w, g, q = p["stats"](trainable, ctx.frozen, batch, t)
+            wtp, tiig = (w, g) if wtp is None else p["add"]((wtp, tiig), (w, g))
             keep = np.asarray(batch["mask"])
             feats.append(np.asarray(q)[keep])
             labels.append(np.asarray(batch["label"])[keep])
         state = {
             **state,
-            "wtp_stats": self._merge_stats(state["wtp_stats"], wtp, task),
-            "tii_stats": self._merge_stats(state["tii_stats"], tiig, task),
+            "wtp_stats": p["merge"](state["wtp_stats"], wtp, t),
+            "tii_stats": p["merge"](state["tii_stats"], tiig, t),
         }
-        key = ctx.key
-        k_init, k_tii, k_ca, k_tap = jax.random.split(key, 4)
-        tii = state["tii"]
-        if task.index == 0:
-            c = state["wtp_stats"]["mean"].shape[0]
-            tii = tii_init(k_init, self.width, self._hidden, c)
+        k_init, k_tii, k_ca, k_tap = jax.random.split(ctx.key, 4)
+        tii = place(p["tii_init"](k_init, d, self._hidden, c)) if task.index == 0 else state["tii"]
         tii = self.train_tii(tii, np.concatenate(feats), np.concatenate(labels), task, k_tii)
-        heads = trainable["head"]
+        heads = place(trainable["head"])
         if task.index > 0:
             m = self.cfg.method
-            tii = self.align(
-                "tii",
-                tii,
-                state["tii_stats"],
-                task,
-                k_ca,
-                m.hide_prompt_tii_ca_batch,
-                m.hide_prompt_tii_ca_lr,
-            )
-            heads = self.align(
-                "tap",
-                heads,
-                state["wtp_stats"],
-                task,
-                k_tap,
-                m.hide_prompt_tap_batch,
-                m.hide_prompt_tap_lr,
-            )
+            tii = self.align("tii", tii, state["tii_stats"], task, k_ca, m.hide_prompt_tii_ca_lr)
+            heads = self.align("tap", heads, state["wtp_stats"], task, k_tap, m.hide_prompt_tap_lr)
         return {**state, "tii": tii, "head": heads}
 
-    def _merge_stats(self, old: Params, acc: Gaussians, task: TaskSpec) -> Params:
-        mean, cov = acc.moments()
-        if self.diagonal:
-            cov = jnp.diagonal(cov, axis1=1, axis2=2)
-        c = mean.shape[0]
-        own = (np.arange(c) >= task.offset) & (np.arange(c) < task.offset + task.num_classes)
-        own = jnp.asarray(own)
-        pick = lambda new, cur: jnp.where(own.reshape((c,) + (1,) * (new.ndim - 1)), new, cur)
-        return {"mean": pick(mean, old["mean"]), "cov": pick(cov, old["cov"])}
+    @staticmethod
+    def _placer(like: jax.Array) -> Callable:
+        """`device_put` replicated on `like`'s mesh (a batch's), if it has one."""
+        mesh = getattr(like.sharding, "mesh", None)
+        if mesh is None:
+            return lambda tree: tree
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        return lambda tree: jax.device_put(tree, sharding)
 
     def train_tii(
         self, tii: Params, feats: np.ndarray, labels: np.ndarray, task: TaskSpec, key: jax.Array
@@ -450,9 +445,8 @@ class HiDePrompt(prompting.PromptMethod):
         """`hide_prompt_tii_epochs` epochs over the task's features in a random order per
         epoch, batches of `optim.batch_size` (the last one short)."""
         epochs = int(self.cfg.method.hide_prompt_tii_epochs)
-        orders = [
-            np.asarray(jax.random.permutation(k, len(feats))) for k in jax.random.split(key, epochs)
-        ]
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).tolist())
+        orders = [rng.permutation(len(feats)) for _ in range(epochs)]
         return self.train_tii_orders(tii, feats, labels, task, orders)
 
     def train_tii_orders(
@@ -461,7 +455,7 @@ class HiDePrompt(prompting.PromptMethod):
         """The TII training over the given per-epoch orders (the official comparison's)."""
         bs = int(self.cfg.optim.batch_size)
         step = self.programs()["tii_step"]
-        opt_state = self.tii_optimizer().init(tii)
+        opt_state = self._place(self.programs()["tii_opt_init"](tii))
         t = task.traced()
         for order in orders:
             for s in range(0, len(order), bs):
@@ -478,18 +472,16 @@ class HiDePrompt(prompting.PromptMethod):
             optax.clip_by_global_norm(1.0), optax.adam(self.cfg.method.hide_prompt_tii_lr)
         )
 
-    def align(
-        self, which: str, params: Params, stats: Params, task: TaskSpec, key, per_class, lr
-    ) -> Params:
+    def align(self, which: str, params: Params, stats: Params, task: TaskSpec, key, lr) -> Params:
         """`hide_prompt_ca_epochs` epochs of alignment of `params` (the TII model or the heads)
         on fresh draws from the seen classes' Gaussians."""
         epochs = int(self.cfg.method.hide_prompt_ca_epochs)
         p = self.programs()
-        draw, step = p["draw"], p[f"{which}_align"]
-        opt_state = optax.sgd(1.0, momentum=0.9).init(params)
+        draw, step = p[f"{which}_draw"], p[f"{which}_align"]
+        opt_state = self._place(p["sgd_init"](params))
         t = task.traced()
         for epoch, k in enumerate(jax.random.split(key, epochs)):
-            feats, labels = draw(k, stats["mean"], stats["cov"], t, per_class)
+            feats, labels = draw(k, stats["mean"], stats["cov"], t)
             rate = jnp.float32(cosine_rate(lr, epoch, epochs))
             for i in range(int(task.offset)):
                 params, opt_state, _ = step(params, opt_state, feats, labels, i, rate, t)
@@ -508,11 +500,25 @@ class HiDePrompt(prompting.PromptMethod):
             return self._programs
         cfg, diagonal, m = self.cfg, self.diagonal, self.cfg.method
 
+        def begin(e, task):
+            return e.at[:, :, task.index].set(e[:, :, task.index - 1])
+
+        def merge(old, acc, task):
+            """The task's own classes' (mean, cov) from `acc`, the others' from `old`."""
+            mean, cov = acc.moments()
+            if diagonal:
+                cov = jnp.diagonal(cov, axis1=1, axis2=2)
+            cls = jnp.arange(mean.shape[0])
+            own = (cls >= task.offset) & (cls < task.stop)
+            pick = lambda new, cur: jnp.where(own.reshape((-1,) + (1,) * (new.ndim - 1)), new, cur)
+            return {"mean": pick(mean, old["mean"]), "cov": pick(cov, old["cov"])}
+
         def momentum(e, task):
             cur = self.train_prompt(e, task.index)
             return e.at[:, :, task.index].set(jnp.where(task.index > 0, cur, e[:, :, task.index]))
 
-        def stats(wtp, tiig, trainable, frozen, batch, task):
+        def stats(trainable, frozen, batch, task):
+            """One batch's (prompted, backbone) feature moments, and its backbone features."""
             images = augment.test_transform(
                 batch["image"], cfg.model.image_size, cfg.input.normalize
             )
@@ -523,8 +529,10 @@ class HiDePrompt(prompting.PromptMethod):
             e_sel = jnp.broadcast_to(slot[:, :, None], (e.shape[0], 2, b, *e.shape[3:]))
             _, feats = self.prompted_out(net, trainable, frozen, images, e_sel, trainable["head"])
             q = prompting.query(net, frozen, images)
-            wtp = wtp.add(feats, batch["label"], batch["mask"])
-            tiig = tiig.add(q, batch["label"], batch["mask"])
+            c = head_lib.head_sizes({"head": trainable["head"]})
+            zeros = Gaussians.zeros(sum(c), feats.shape[-1])
+            wtp = zeros.add(feats, batch["label"], batch["mask"])
+            tiig = zeros.add(q, batch["label"], batch["mask"])
             return wtp, tiig, q
 
         tii_opt = self.tii_optimizer()
@@ -540,6 +548,7 @@ class HiDePrompt(prompting.PromptMethod):
             return optax.apply_updates(tii, updates), opt_state, loss
 
         def draw(key, mean, cov, task, per_class):
+            """One epoch's draws, shuffled, the seen classes' first."""
             k_s, k_p = jax.random.split(key)
             c = mean.shape[0]
             x = sample(k_s, mean, cov, per_class, diagonal)
@@ -549,7 +558,7 @@ class HiDePrompt(prompting.PromptMethod):
         def aligner(logits_fn, n):
             sgd = optax.sgd(1.0, momentum=0.9)
 
-            def step(params, opt_state, feats, labels, i, rate, task):
+            def align_step(params, opt_state, feats, labels, i, rate, task):
                 f = jax.lax.dynamic_slice_in_dim(feats, i * n, n)
                 y = jax.lax.dynamic_slice_in_dim(labels, i * n, n)
 
@@ -563,7 +572,7 @@ class HiDePrompt(prompting.PromptMethod):
                 updates = jax.tree.map(lambda u: rate * u, updates)
                 return optax.apply_updates(params, updates), opt_state, loss
 
-            return step
+            return align_step
 
         def head_logits(heads, f):
             sizes = head_lib.head_sizes({"head": heads})
@@ -573,9 +582,20 @@ class HiDePrompt(prompting.PromptMethod):
             "momentum": jax.jit(momentum),
             "stats": jax.jit(stats),
             "tii_step": jax.jit(tii_step),
-            "draw": jax.jit(draw, static_argnums=(4,)),
-            "tii_align": jax.jit(aligner(tii_logits, int(m.hide_prompt_tii_ca_batch))),
-            "tap_align": jax.jit(aligner(head_logits, int(m.hide_prompt_tap_batch))),
+            "begin": jax.jit(begin),
+            "tii_opt_init": jax.jit(tii_opt.init),
+            "sgd_init": jax.jit(optax.sgd(1.0, momentum=0.9).init),
+            "merge": jax.jit(merge),
+            "tii_init": jax.jit(tii_init, static_argnums=(1, 2, 3)),
+            "add": jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b)),
+            "tii_draw": jax.jit(named(draw, "tii_draw", per_class=int(m.hide_prompt_tii_ca_batch))),
+            "tap_draw": jax.jit(named(draw, "tap_draw", per_class=int(m.hide_prompt_tap_batch))),
+            "tii_align": jax.jit(
+                named(aligner(tii_logits, int(m.hide_prompt_tii_ca_batch)), "tii_align")
+            ),
+            "tap_align": jax.jit(
+                named(aligner(head_logits, int(m.hide_prompt_tap_batch)), "tap_align")
+            ),
         }
         return self._programs
 
@@ -584,7 +604,5 @@ class HiDePrompt(prompting.PromptMethod):
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The statistics pass over the task's images (the alignments and the TII training
         run on features, far smaller)."""
-        c, d = state["wtp_stats"]["mean"].shape
-        g = Gaussians.zeros(c, d)
         t = TaskSpec(task, 0, 1, 0, head_lib.head_sizes(trainable)).traced()
-        return {"stats": (self.programs()["stats"], (g, g, trainable, frozen, batch, t), 1)}
+        return {"stats": (self.programs()["stats"], (trainable, frozen, batch, t), 1)}
