@@ -83,7 +83,10 @@ Fields (defaults in brackets):
                                cosine_epochs: lr * cos(99 pi k / (200 (E - 1))),
                                k = max(e - 1, 0), in epoch e = 0..E-1 (CODA-P's and InfLoRA's
                                per-epoch decay, its one-epoch lag kept), counted from each
-                               optimizer label's first update in the task
+                               optimizer label's first update in the task |
+                               multistep: lr * optim.lr_decay^(number of optim.lr_milestones
+                               <= e) in epoch e (torch's MultiStepLR stepped per epoch)
+  optim.lr_milestones [()] / optim.lr_decay [0.1]  multistep's epochs and factor
   optim.optimizer [adam]       adam | sgd (momentum optim.momentum [0.9], torch's: APER's,
                                RanPAC's and EASE's code); b1 / b2 / eps are Adam's
   optim.weight_decay [0.0]     > 0: wd * param added to every trainable gradient first (torch's
@@ -219,6 +222,8 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         optimizer="adam",
         momentum=0.9,
         weight_decay=0.0,
+        lr_milestones=(),
+        lr_decay=0.1,
     )
     c.method = dict(name="plain", **methods.defaults())
     c.eval = dict(batch_size=256)

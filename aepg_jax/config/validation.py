@@ -17,7 +17,7 @@ from aepg_jax.models import vit
 
 MODEL_INITS = ("random", "augreg", "pretrained")
 NORMALIZE = augment.NORMALIZE_MODES
-LR_SCHEDULES = ("constant", "cosine_epochs", "cosine_annealing")
+LR_SCHEDULES = ("constant", "cosine_epochs", "cosine_annealing", "multistep")
 OPTIMIZERS = ("adam", "sgd")
 
 

@@ -29,6 +29,7 @@ from aepg_jax.checkpoints import augreg, weights
 from aepg_jax.config import schema
 from aepg_jax.continual import steps
 from aepg_jax.data import cache, datasets, loader, source, splits
+from aepg_jax.methods.base import copied as base_copied
 from aepg_jax.models import head, partition, vit
 from aepg_jax.pretraining import pretrain
 from aepg_jax.runs import checkpointing, seeds
@@ -393,8 +394,16 @@ def grow(run: Run, trainable: Params, task: int) -> Params:
 
 
 def first_trainable(run: Run) -> Params:
-    """The trainable tree before task 0's hooks: the initial PEFT and every task's head."""
-    return with_heads(run, run.axis.stack(list(run.initial_peft)))
+    """The trainable tree before task 0's hooks: the initial PEFT and every task's head, and a
+    copy of each seed's backbone under `finetuned/` for a method that fine-tunes it whole
+    (`Method.finetunes_backbone`)."""
+    trainable = with_heads(run, run.axis.stack(list(run.initial_peft)))
+    if not run.method.finetunes_backbone:
+        return trainable
+    backbone = run.frozen
+    if run.axis.vmapped and run.frozen_axis is None:
+        backbone = run.axis.stack([backbone] * len(run.axis.seeds))
+    return {**trainable, partition.FINETUNED: base_copied(backbone)}
 
 
 def trainable_for(run: Run, task: int) -> Params:
@@ -429,7 +438,7 @@ def fresh_state(
     def one_seed(key: jax.Array, tr: Params, ms: Params, step: jax.Array) -> steps.TrainState:
         return steps.TrainState(
             trainable=tr,
-            opt_state=steps.optimizer(run.cfg, tr).init(tr),
+            opt_state=steps.optimizer(run.cfg, tr, lr_scales=run.method.lr_scales).init(tr),
             method_state=ms,
             task_step=jnp.zeros([], jnp.int32),
             global_step=step,

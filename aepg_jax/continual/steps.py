@@ -130,10 +130,12 @@ def make_train_step(
     head_only_phase: bool,
     cfg: StepConfig,
     rate: float | optax.Schedule,
+    lr_scales: dict[str, float] | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
     """`step(state, frozen, batch, task, total_steps[, train_peft]) -> (state, metrics)`, not
     jitted; `task` (a `TaskSpec` of int32 scalars) and the task's `total_steps` are traced.
-    `rate` is the learning rate `optimizer` was built with (`learning_rate`), for the metrics.
+    `rate` is the learning rate `optimizer` was built with (`learning_rate`), and `lr_scales`
+    its labels' scales, for the metrics.
 
     `frozen` holds the backbone leaves. `make_schedule(T)` is the alpha schedule of a task of
     T steps. `head_only_phase` (static: the run has head-only epochs and PEFT leaves) makes the
@@ -169,7 +171,7 @@ def make_train_step(
             (loss, entropy), grads = jax.lax.cond(train_peft, grads_all, grads_head_only, *args)
         else:
             (loss, entropy), grads = grads_all(*args)
-        rates = applied_rates(state.opt_state, rate)  # at the counts this update uses
+        rates = applied_rates(state.opt_state, rate, lr_scales)  # at this update's counts
         updates, opt_state = optimizer.update(
             grads, state.opt_state, state.trainable, train_peft=train_peft
         )
@@ -252,6 +254,8 @@ def learning_rate(cfg, steps_per_epoch: int) -> float | optax.Schedule:
         return o.learning_rate  # a float keeps Adam's state free of a schedule count
     if o.lr_schedule == "cosine_annealing":
         return cosine_annealing(o.learning_rate, o.epochs, steps_per_epoch)
+    if o.lr_schedule == "multistep":
+        return multistep(o.learning_rate, tuple(o.lr_milestones), o.lr_decay, steps_per_epoch)
     span = 200.0 * max(o.epochs - 1, 1)
 
     def schedule(count: jax.Array) -> jax.Array:
@@ -273,7 +277,25 @@ def cosine_annealing(lr: float, epochs: int, steps_per_epoch: int) -> optax.Sche
     return schedule
 
 
-def applied_rates(opt_state: optax.OptState, rate: float | optax.Schedule) -> dict[str, jax.Array]:
+def multistep(
+    lr: float, milestones: tuple[int, ...], decay: float, steps_per_epoch: int
+) -> optax.Schedule:
+    """torch's `MultiStepLR(milestones, gamma=decay)` stepped once per epoch (SLCA's code):
+    epoch `e` trains at `lr decay^|{m in milestones: m <= e}|`."""
+    marks = jnp.asarray(sorted(milestones) or [2**30], jnp.int32)
+
+    def schedule(count: jax.Array) -> jax.Array:
+        passed = jnp.sum(marks <= count // steps_per_epoch)
+        return lr * jnp.asarray(decay, jnp.float32) ** passed
+
+    return schedule
+
+
+def applied_rates(
+    opt_state: optax.OptState,
+    rate: float | optax.Schedule,
+    lr_scales: dict[str, float] | None = None,
+) -> dict[str, jax.Array]:
     """`{label: rate(count)}` for each trainable label of `optimizer`'s state: the learning
     rate of that label's next Adam update, at the label's own update count (a gated label's
     count stands still while it is gated off, so after the head-only epochs PEFT's schedule
@@ -289,12 +311,13 @@ def applied_rates(opt_state: optax.OptState, rate: float | optax.Schedule) -> di
         # An unpartitioned Adam (benchmarks' ablation) has one count for every leaf.
         label = next((k.key for k in path if isinstance(k, jax.tree_util.DictKey)), "all")
         value = rate(count) if callable(rate) else rate
+        value = value * (lr_scales or {}).get(str(label), 1.0)
         rates[str(label)] = jnp.asarray(value, jnp.float32)
     return rates
 
 
 def optimizer(
-    cfg, trainable: Params, steps_per_epoch: int = 1
+    cfg, trainable: Params, steps_per_epoch: int = 1, lr_scales: dict[str, float] | None = None
 ) -> optax.GradientTransformationExtraArgs:
     """Adam, or SGD with momentum (`optim.optimizer`), on the PEFT and head leaves; PEFT
     updates gated by the phase flag. `optim.weight_decay > 0` adds `wd * param` to each gradient
@@ -303,7 +326,8 @@ def optimizer(
 
     With `optim.clip_norm > 0` the gradient's global norm over every trainable leaf is clipped
     first (torch's `clip_grad_norm_` over the parameters that train; in a head-only phase the
-    PEFT gradients, which are then discarded, still count in the norm)."""
+    PEFT gradients, which are then discarded, still count in the norm). `lr_scales`: a
+    label's learning rate relative to `optim.learning_rate` (`Method.lr_scales`)."""
     o = cfg.optim
     rate = learning_rate(cfg, steps_per_epoch)
     if o.get("optimizer", "adam") == "sgd":
@@ -314,7 +338,7 @@ def optimizer(
         base = optax.adam(rate, o.b1, o.b2, o.eps)
     if o.get("weight_decay", 0.0) > 0:
         base = optax.chain(optax.add_decayed_weights(o.weight_decay), base)
-    tx = partition.make_optimizer(partition.label_params(trainable), base)
+    tx = partition.make_optimizer(partition.label_params(trainable), base, lr_scales=lr_scales)
     if o.clip_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(o.clip_norm), tx)
     return tx

@@ -203,11 +203,12 @@ def train_step_fn(run: Run, key: int | None, phase: bool | None = None) -> Calla
         run.loss_fn,
         run.annealed,
         lambda total: schedules.get_schedule(cfg.schedule.name, total, **hyper),
-        steps.optimizer(cfg, one_seed, key or 1),
+        steps.optimizer(cfg, one_seed, key or 1, run.method.lr_scales),
         labels,
         has_peft and cfg.optim.peft_freeze_epochs > 0,
         run.step_cfg,
         steps.learning_rate(cfg, key or 1),
+        run.method.lr_scales,
     )
     lifted = run.axis.lift(step_fn, (0, run.frozen_axis, 0, None, None, None))
     vmapped = run.axis.vmapped

@@ -32,13 +32,14 @@ from aepg_jax.methods.lwf import LwF
 from aepg_jax.methods.plain import Plain
 from aepg_jax.methods.ranpac import RanPAC
 from aepg_jax.methods.simplecil import SimpleCIL
+from aepg_jax.methods.slca import SLCA
 
-REGISTRY: dict[str, type[Method]] = {
-    m.name: m
-    for m in (Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, SimpleCIL, Aper, Ease, RanPAC)
-}
-REGISTRY[HiDePrompt.name] = HiDePrompt
-
+_ORDER: tuple[type[Method], ...] = (
+    Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, SimpleCIL, Aper, Ease, RanPAC
+)  # fmt: skip
+_ORDER += (SLCA,)
+_ORDER += (HiDePrompt,)
+REGISTRY: dict[str, type[Method]] = {m.name: m for m in _ORDER}
 NAMES = tuple(REGISTRY)
 
 __all__ = ["NAMES", "REGISTRY", "Method", "Network", "TaskContext", "TaskSpec", "defaults", "get"]

@@ -147,6 +147,9 @@ class Method:
     # paper configs apply with `settings=reference` ({}: the paper's own, Table 5).
     reference_settings: ClassVar[dict[str, Any]] = {}
     uses_model_peft: ClassVar[bool] = True  # False: it ignores `model.peft` (own parameters)
+    # True: the trainable tree holds a copy of the whole backbone under `finetuned/` (full
+    # fine-tuning; `partition.FINETUNED`), trained at `lr_scales["finetuned"]` times the rate.
+    finetunes_backbone: ClassVar[bool] = False
     # `grow` and `init_state` run inside one jitted program (per task, per run) unless the
     # method's `grow` computes on the host (numpy): then it is called as is, per seed.
     grows_on_host: ClassVar[bool] = False
@@ -158,6 +161,12 @@ class Method:
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         self.cfg = cfg
+
+    @property
+    def lr_scales(self) -> dict[str, float]:
+        """`{label: s}`: the learning rate of that partition label is s times
+        `optim.learning_rate` (a torch parameter group's own lr); the others train at it."""
+        return {}
 
     @property
     def head_init(self) -> str:

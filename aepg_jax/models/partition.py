@@ -29,13 +29,17 @@ Params = dict[str, Any]
 Rules = Sequence[tuple[str, str]]
 
 BACKBONE, PEFT, HEAD = "backbone", "peft", "head"
-TRAINABLE = (PEFT, HEAD)
+# A trainable copy of the whole backbone (full fine-tuning, SLCA's slow learner) under the
+# top-level key `finetuned/`; the frozen backbone beside it is then unused.
+FINETUNED = "finetuned"
+TRAINABLE = (PEFT, HEAD, FINETUNED)
 
 DEFAULT_RULES: Rules = (
     (r"(^|/)(lora|adapter|prefix)/", PEFT),
     (r"^prompt/", PEFT),  # the prompt baselines' prompts, keys and attention vectors
     (r"^head/", HEAD),
-    (r"^logit_scale$", HEAD),  # a cosine classifier's trainable logit scale (RanPAC's)
+    (r"^logit_scale$", HEAD),
+    (r"^finetuned/", FINETUNED),  # a cosine classifier's trainable logit scale (RanPAC's)
     (r"^(embedding|cls|Transformer)(/|$)", BACKBONE),
 )
 
@@ -120,19 +124,26 @@ def make_optimizer(
     tx: optax.GradientTransformation,
     trainable: Collection[str] = TRAINABLE,
     gated: Collection[str] = (PEFT,),
+    lr_scales: dict[str, float] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """`optax.partition` over `labels`: `tx` for trainable labels, `set_to_zero` for the rest.
 
     Each trainable label gets its own state of `tx` (e.g. its own Adam moments and count).
     Labels in `gated` train only while `update(..., train_<label>=True)` (the default).
+    `lr_scales[label] = s` multiplies that label's updates by s: its learning rate is s times
+    the configured one (a torch parameter group's own `lr`, schedule and momentum shared).
     """
     present = set(jax.tree.leaves(labels))
+    scales = lr_scales or {}
     transforms = {}
     for label in sorted(present):
         if label not in trainable:
             transforms[label] = optax.set_to_zero()
             continue
-        transforms[label] = _gated(tx, label) if label in gated else tx
+        label_tx = (
+            tx if scales.get(label, 1.0) == 1.0 else optax.chain(tx, optax.scale(scales[label]))
+        )
+        transforms[label] = _gated(label_tx, label) if label in gated else label_tx
     return optax.partition(transforms, labels)
 
 

@@ -1,0 +1,222 @@
+"""Class-wise Gaussian feature statistics, sampling from them, and classifier alignment on the
+samples (docs/algorithm.md §24; SLCA's and HiDe-Prompt's classifier alignment).
+
+Statistics, per class c over the features f_i (D,) of its images:
+    n_c = |{i: y_i = c}|      mu_c = (1/n_c) sum_i f_i      M2_c = sum_i (f_i - mu_c)(f_i - mu_c)^T
+    Sigma_c = M2_c / (n_c - 1) + ridge I                   (torch.cov's unbiased estimator)
+The class sums and counts are `prototypes.ClassSums` (so the means are the prototypes'); M2 is
+kept centred and updated batch by batch with Chan et al.'s parallel formula (batch b: count
+m_c, mean nu_c, centred M2'_c):
+    M2_c <- M2_c + M2'_c + (n_c m_c / (n_c + m_c)) (nu_c - mu_c)(nu_c - mu_c)^T
+which in float32 stays within float32 tolerance of a float64 covariance of the stored
+features (a raw sum of outer products would cancel catastrophically for large means). The
+statistics cover every class of the run from the start (fixed shapes): checkpointed and
+vmapped with the method state.
+
+Sampling: `x = mu_c + L_c eps`, eps ~ N(0, I), L_c the Cholesky factor of Sigma_c
+(torch's `MultivariateNormal.sample`).
+
+Alignment (`align_classifier`): the classifier (kernel (D, C), bias (C,)) trained by SGD on
+the sampled features, pure and jitted; it takes the samples as input, so a test can feed any
+sampler's features (e.g. the reference's own).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import chex
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from aepg_jax.data import augment
+from aepg_jax.methods import prototypes
+from aepg_jax.methods.base import NEG
+
+_HI = jax.lax.Precision.HIGHEST
+Batch = dict[str, jax.Array]
+
+
+@flax.struct.dataclass
+class ClassGaussians:
+    """`sums` (C, D), `counts` (C,) as `prototypes.ClassSums`, and `m2` (C, D, D) the centred
+    second moments; float32."""
+
+    sums: jax.Array
+    counts: jax.Array
+    m2: jax.Array
+
+    @classmethod
+    def zeros(cls, num_classes: int, dim: int) -> ClassGaussians:
+        s = prototypes.ClassSums.zeros(num_classes, dim)
+        return cls(s.sums, s.counts, jnp.zeros((num_classes, dim, dim), jnp.float32))
+
+    @property
+    def class_sums(self) -> prototypes.ClassSums:
+        return prototypes.ClassSums(self.sums, self.counts)
+
+    def add(self, features: jax.Array, labels: jax.Array, mask: jax.Array) -> ClassGaussians:
+        """The statistics with the rows of `features` (B, D) whose `mask` (B,) is True added to
+        their class `labels` (B,): Chan's update (module docstring), no per-example loop."""
+        num_classes, dim = self.sums.shape
+        chex.assert_shape(features, (None, dim))
+        chex.assert_equal_shape_prefix((features, labels, mask), 1)
+        f = features.astype(jnp.float32)
+        m = mask.astype(jnp.float32)
+        batch = prototypes.ClassSums.zeros(num_classes, dim).add(f, labels, mask)
+        nu = batch.means()  # (C, D) the batch's class means
+        centred = (f - nu[labels]) * m[:, None]
+        outer = jnp.einsum("bd,be->bde", centred, centred, precision=_HI)
+        m2_batch = jnp.zeros_like(self.m2).at[labels].add(outer)
+        n, k = self.counts, batch.counts
+        delta = nu - self.class_sums.means()
+        weight = n * k / jnp.maximum(n + k, 1.0)  # 0 when either side has no example
+        m2 = self.m2 + m2_batch + weight[:, None, None] * delta[:, :, None] * delta[:, None, :]
+        total = self.class_sums
+        total = prototypes.ClassSums(total.sums + batch.sums, total.counts + batch.counts)
+        return ClassGaussians(total.sums, total.counts, m2)
+
+    def means(self) -> jax.Array:
+        """(C, D) class means; zero rows for classes with no example."""
+        return self.class_sums.means()
+
+    def covariances(self, ridge: float = 0.0) -> jax.Array:
+        """(C, D, D) `M2_c / (n_c - 1) + ridge I` (unbiased, torch.cov); classes with fewer
+        than two examples get `ridge I` alone."""
+        dim = self.sums.shape[1]
+        denom = jnp.maximum(self.counts - 1.0, 1.0)[:, None, None]
+        cov = jnp.where((self.counts > 1.0)[:, None, None], self.m2 / denom, 0.0)
+        return cov + ridge * jnp.eye(dim, dtype=jnp.float32)
+
+
+FeatureFn = Callable[[Any, jax.Array], jax.Array]
+StatsStep = Callable[[ClassGaussians, Any, Batch], ClassGaussians]
+
+
+def stats_program(features: FeatureFn, cfg: ml_collections.ConfigDict) -> StatsStep:
+    """`step(stats, params, batch)`, jitted: the batch's uint8 images through the test
+    transform and `features`, added to `stats` by label (run it with `prototypes.accumulate`)."""
+
+    def step(stats: ClassGaussians, params: Any, batch: Batch) -> ClassGaussians:
+        images = augment.test_transform(batch["image"], cfg.model.image_size, cfg.input.normalize)
+        return stats.add(features(params, images), batch["label"], batch["mask"])
+
+    return jax.jit(step)
+
+
+def sample(means: jax.Array, covariances: jax.Array, n_per_class: int, key: jax.Array) -> jax.Array:
+    """(C, n, D) draws `mu_c + L_c eps` (L_c = cholesky(Sigma_c), eps ~ N(0, I)) for every
+    class; `n_per_class` static."""
+    num_classes, dim = means.shape
+    chex.assert_shape(covariances, (num_classes, dim, dim))
+    chol = jnp.linalg.cholesky(covariances.astype(jnp.float32))
+    eps = jax.random.normal(key, (num_classes, n_per_class, dim), jnp.float32)
+    return means[:, None, :] + jnp.einsum("cde,cne->cnd", chol, eps, precision=_HI)
+
+
+def shuffled_batches(
+    draws: jax.Array, seen: jax.Array, key: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The draws (C, n, D) of classes `[0, seen)` in one random order, cut into C batches of n:
+    `(features (C, n, D), labels (C, n))`; batches `>= seen` hold the other classes' rows and
+    are to be skipped (`align_classifier`'s `steps`)."""
+    num_classes, n, dim = draws.shape
+    labels = jnp.repeat(jnp.arange(num_classes), n)
+    order = jax.random.uniform(key, (num_classes * n,)) + (labels >= seen) * 2.0
+    perm = jnp.argsort(order)
+    feats = draws.reshape(num_classes * n, dim)[perm].reshape(num_classes, n, dim)
+    return feats, labels[perm].reshape(num_classes, n)
+
+
+def per_task_norm_logits(
+    logits: jax.Array, head_sizes: tuple[int, ...], seen_tasks: jax.Array, temperature: float
+) -> jax.Array:
+    """SLCA's logit normalisation: `logits / (mean_{t < seen_tasks} (|logits_t|_2 + 1e-7)) / T`
+    with logits_t the columns of task t's head."""
+    bounds = [0]
+    for size in head_sizes:
+        bounds.append(bounds[-1] + size)
+    norms = jnp.stack(
+        [jnp.linalg.norm(logits[:, a:b], axis=-1) + 1e-7 for a, b in itertools.pairwise(bounds)],
+        axis=-1,
+    )  # (B, T)
+    used = (jnp.arange(len(head_sizes)) < seen_tasks).astype(logits.dtype)
+    mean = (norms * used).sum(-1, keepdims=True) / jnp.maximum(used.sum(), 1.0)
+    return logits / mean / temperature
+
+
+def align_classifier(
+    kernel: jax.Array,
+    bias: jax.Array,
+    features: jax.Array,
+    labels: jax.Array,
+    steps: jax.Array,
+    seen: jax.Array,
+    seen_tasks: jax.Array,
+    *,
+    head_sizes: tuple[int, ...],
+    learning_rate: float,
+    momentum: float = 0.9,
+    weight_decay: float = 5e-4,
+    temperature: float = 0.0,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The classifier after SGD on sampled features: `(kernel (D, C), bias (C,), losses (E, S))`.
+
+    `features` (E, S, B, D) and `labels` (E, S, B): epoch e's S batches; only the first `steps`
+    batches of each epoch train (the rest: no update, loss 0). Cross-entropy over classes
+    `[0, seen)` of `f W + b` (with `temperature > 0`, of `per_task_norm_logits` over the first
+    `seen_tasks` heads). torch's SGD: `g = grad + wd p; buf = m buf + g` (first `buf = g`);
+    `p -= lr_e buf`, with `lr_e = lr (1 + cos(pi e / E)) / 2` (CosineAnnealingLR stepped per
+    epoch). Only the columns of seen classes change (the others do not exist in the reference).
+    """
+    epochs, num_steps, _, dim = features.shape
+    num_classes = bias.shape[0]
+    chex.assert_shape(kernel, (dim, num_classes))
+    chex.assert_shape(labels, features.shape[:3])
+    seen_cols = jnp.arange(num_classes) < seen
+
+    def loss_fn(params, x, y):
+        w, b = params
+        logits = jnp.matmul(x, w, precision=_HI) + b
+        if temperature > 0:
+            logits = per_task_norm_logits(logits, head_sizes, seen_tasks, temperature)
+        logits = jnp.where(seen_cols, logits, NEG)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=-1))
+
+    grad_fn = jax.value_and_grad(loss_fn)
+
+    def epoch_body(carry, inputs):
+        e, xs, ys = inputs
+        lr = learning_rate * 0.5 * (1.0 + jnp.cos(jnp.pi * e / epochs))
+
+        def step_body(carry, inp):
+            params, buf, first = carry
+            s, x, y = inp
+            loss, grads = grad_fn(params, x, y)
+            g = jax.tree.map(lambda gr, p: gr + weight_decay * p, grads, params)
+            new_buf = jax.tree.map(lambda bu, gr: jnp.where(first, gr, momentum * bu + gr), buf, g)
+            new_params = jax.tree.map(lambda p, bu: p - lr * bu, params, new_buf)
+            w, b = new_params
+            new_params = (jnp.where(seen_cols, w, params[0]), jnp.where(seen_cols, b, params[1]))
+            live = s < steps
+
+            def keep(new, old):
+                return jax.tree.map(lambda a, o: jnp.where(live, a, o), new, old)
+
+            carry = (keep(new_params, params), keep(new_buf, buf), first & ~live)
+            return carry, jnp.where(live, loss, 0.0)
+
+        carry, losses = jax.lax.scan(step_body, carry, (jnp.arange(num_steps), xs, ys))
+        return carry, losses
+
+    params = (kernel.astype(jnp.float32), bias.astype(jnp.float32))
+    init = (params, jax.tree.map(jnp.zeros_like, params), jnp.asarray(True))
+    (params, _, _), losses = jax.lax.scan(
+        epoch_body, init, (jnp.arange(epochs), features.astype(jnp.float32), labels)
+    )
+    return params[0], params[1], losses
