@@ -46,7 +46,6 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import chex
-import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -55,19 +54,20 @@ import optax
 
 from aepg_jax.data import augment
 from aepg_jax.methods import base, prompting
+from aepg_jax.methods import class_gaussians as cg
 from aepg_jax.methods.base import Network, Params, TaskContext, TaskSpec, softmax_probs
 from aepg_jax.models import head as head_lib
 from aepg_jax.models import partition, vit
 
 TEMPERATURE = 0.8  # the contrastive term's, hard-coded in `orth_loss`
-JITTER = 1e-4  # added to every covariance's diagonal (`_compute_mean`)
+RIDGE = 1e-4  # added to every covariance's diagonal (`_compute_mean`)
 HI = jax.lax.Precision.HIGHEST
 
 # The official ImageNet-R run (train_imr_vit.sh, second stage; configs/imr_hideprompt_5e.py):
 # Adam at 0.03 * 24 / 256, batch 24, 150 epochs, gradient norm clipped at 1. Its timm cosine
 # schedule (min 1e-5, stepped after each epoch) is the nearest schedule here, torch's
-# CosineAnnealingLR; its head trains at 0.1x the prompts' rate (`--larger_prompt_lr`), which
-# this trainer's single rate does not express (docs/algorithm.md §25).
+# CosineAnnealingLR (docs/algorithm.md §25); its head trains at 0.1x the prompts' rate
+# (`--larger_prompt_lr`, `method.hide_prompt_head_lr_scale`).
 HIDE_PROMPT_SETTINGS: dict[str, Any] = {
     "optim.learning_rate": 0.03 * 24 / 256,
     "optim.batch_size": 24,
@@ -131,59 +131,30 @@ def contrastive(features: jax.Array, means: jax.Array, learned: jax.Array) -> ja
     return masked_ce(sim, jnp.arange(m.shape[0]), valid, valid)
 
 
-@flax.struct.dataclass
-class Gaussians:
-    """Per-class feature statistics accumulated over a task's images: `n` (C,), first moments
-    `s1` (C, D), second moments `s2` (C, D, D) (float32)."""
-
-    n: jax.Array
-    s1: jax.Array
-    s2: jax.Array
-
-    @classmethod
-    def zeros(cls, num_classes: int, dim: int) -> Gaussians:
-        z = jnp.zeros
-        return cls(n=z(num_classes), s1=z((num_classes, dim)), s2=z((num_classes, dim, dim)))
-
-    def add(self, feats: jax.Array, labels: jax.Array, mask: jax.Array) -> Gaussians:
-        w = jax.nn.one_hot(labels, self.n.shape[0]) * mask.astype(jnp.float32)[:, None]
-        f = feats.astype(jnp.float32)
-        return Gaussians(
-            n=self.n + w.sum(0),
-            s1=self.s1 + jnp.matmul(w.T, f, precision=HI),
-            s2=self.s2 + jnp.einsum("bc,bd,be->cde", w, f, f, precision=HI),
-        )
-
-    def moments(self) -> tuple[jax.Array, jax.Array]:
-        """(C, D) means and (C, D, D) covariances `torch.cov` (N - 1) + 1e-4 I."""
-        n = jnp.maximum(self.n, 2.0)[:, None, None]
-        mean = self.s1 / jnp.maximum(self.n, 1.0)[:, None]
-        cov = (self.s2 - n * mean[:, :, None] * mean[:, None, :]) / (n - 1.0)
-        return mean, cov + JITTER * jnp.eye(mean.shape[-1])
+def combine(a: cg.ClassGaussians, b: cg.ClassGaussians) -> cg.ClassGaussians:
+    """Two sets of statistics over disjoint images as one: sums and counts add, and
+    `M2 = M2_a + M2_b + (n_a n_b / (n_a + n_b)) (mu_b - mu_a)(mu_b - mu_a)^T` (Chan et al.,
+    as `ClassGaussians.add` merges a batch)."""
+    delta = b.means() - a.means()
+    n, k = a.counts, b.counts
+    w = n * k / jnp.maximum(n + k, 1.0)
+    m2 = a.m2 + b.m2 + w[:, None, None] * delta[:, :, None] * delta[:, None, :]
+    return cg.ClassGaussians(a.sums + b.sums, a.counts + b.counts, m2)
 
 
-def sample(
-    key: jax.Array, mean: jax.Array, cov: jax.Array, per_class: int, diagonal: bool
-) -> jax.Array:
-    """(C * per_class, D) draws, class-major, from N(mean_c, cov_c) (`cov` (C, D, D)) or, with
-    `diagonal`, N(mean_c, diag(var_c)) (`cov` (C, D)): `mean + L eps`, L the Cholesky factor
-    as torch's `MultivariateNormal.sample`."""
-    c, d = mean.shape
-    eps = jax.random.normal(key, (c, per_class, d), jnp.float32)
+def draws(
+    key: jax.Array, mean: jax.Array, cov: jax.Array, per_class: int, seen, diagonal: bool
+) -> tuple[jax.Array, jax.Array]:
+    """One epoch's alignment data: `per_class` draws of every class, from N(mean_c, cov_c)
+    (`class_gaussians.sample`) or, `diagonal`, N(mean_c, diag(var_c)) (`cov` (C, D)), shuffled
+    with the seen classes' first and cut into C batches: (C, n, D) features, (C, n) labels."""
+    k_s, k_p = jax.random.split(key)
     if diagonal:
+        eps = jax.random.normal(k_s, (mean.shape[0], per_class, mean.shape[1]), jnp.float32)
         x = mean[:, None] + eps * jnp.sqrt(cov)[:, None]
     else:
-        chol = jnp.linalg.cholesky(cov)
-        x = mean[:, None] + jnp.einsum("cde,cne->cnd", chol, eps, precision=HI)
-    return x.reshape(c * per_class, d)
-
-
-def shuffled(key: jax.Array, num_classes: int, per_class: int, seen: jax.Array) -> jax.Array:
-    """A permutation of the `C * per_class` class-major rows with the seen classes' rows (in
-    random order) first: `torch.randperm` over the draws of the seen classes."""
-    rows = jnp.arange(num_classes * per_class) // per_class
-    u = jax.random.uniform(key, rows.shape)
-    return jnp.argsort(jnp.where(rows < seen, u, 2.0 + u))
+        x = cg.sample(mean, cov, per_class, k_s)
+    return cg.shuffled_batches(x, seen, k_p)
 
 
 def cosine_rate(lr: float, epoch: int, epochs: int) -> float:
@@ -223,12 +194,19 @@ class HiDePrompt(prompting.PromptMethod):
         "hide_prompt_tii_ca_lr": 0.005 * 24 / 256,
         "hide_prompt_tii_ca_batch": 24,
         "hide_prompt_storage": "covariance",
+        "hide_prompt_head_lr_scale": 0.1,
     }
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         super().__init__(cfg)
         self._programs: dict[str, Callable] = {}
         self._place: Callable = lambda tree: tree
+
+    @property
+    def lr_scales(self) -> dict[str, float]:
+        """The heads train at `hide_prompt_head_lr_scale` (0.1) times the prompts' rate
+        (`--larger_prompt_lr`: a parameter group at 0.1 lr)."""
+        return {partition.HEAD: float(self.cfg.method.hide_prompt_head_lr_scale)}
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
@@ -246,6 +224,11 @@ class HiDePrompt(prompting.PromptMethod):
         for f in ("hide_prompt_momentum", "hide_prompt_reg", "hide_prompt_tii_lr"):
             if not m[f] >= 0:
                 p.append(f"method.{f}={m[f]} must be >= 0.")
+        if not m.hide_prompt_head_lr_scale > 0:
+            p.append(
+                f"method.hide_prompt_head_lr_scale={m.hide_prompt_head_lr_scale} must be > 0 "
+                "(the heads' rate over the prompts')."
+            )
         for f in ("hide_prompt_tap_lr", "hide_prompt_tii_ca_lr"):
             if not m[f] >= 0:
                 p.append(f"method.{f}={m[f]} must be >= 0.")
@@ -411,7 +394,7 @@ class HiDePrompt(prompting.PromptMethod):
         feats, labels = [], []
         for batch in itertools.chain([first], batches):
             w, g, q = p["stats"](trainable, ctx.frozen, batch, t)
-            wtp, tiig = (w, g) if wtp is None else p["add"]((wtp, tiig), (w, g))
+            wtp, tiig = (w, g) if wtp is None else p["combine"]((wtp, tiig), (w, g))
             keep = np.asarray(batch["mask"])
             feats.append(np.asarray(q)[keep])
             labels.append(np.asarray(batch["label"])[keep])
@@ -427,7 +410,8 @@ class HiDePrompt(prompting.PromptMethod):
         if task.index > 0:
             m = self.cfg.method
             tii = self.align("tii", tii, state["tii_stats"], task, k_ca, m.hide_prompt_tii_ca_lr)
-            heads = self.align("tap", heads, state["wtp_stats"], task, k_tap, m.hide_prompt_tap_lr)
+            wtp_stats = state["wtp_stats"]
+            heads, _ = p["tap_align"](heads, k_tap, wtp_stats["mean"], wtp_stats["cov"], t)
         return {**state, "tii": tii, "head": heads}
 
     @staticmethod
@@ -473,8 +457,9 @@ class HiDePrompt(prompting.PromptMethod):
         )
 
     def align(self, which: str, params: Params, stats: Params, task: TaskSpec, key, lr) -> Params:
-        """`hide_prompt_ca_epochs` epochs of alignment of `params` (the TII model or the heads)
-        on fresh draws from the seen classes' Gaussians."""
+        """`hide_prompt_ca_epochs` epochs of alignment of the TII model on fresh draws from the
+        seen classes' Gaussians (`class_gaussians.align_classifier` aligns a linear classifier;
+        this one has the MLP in front)."""
         epochs = int(self.cfg.method.hide_prompt_ca_epochs)
         p = self.programs()
         draw, step = p[f"{which}_draw"], p[f"{which}_align"]
@@ -487,11 +472,11 @@ class HiDePrompt(prompting.PromptMethod):
                 params, opt_state, _ = step(params, opt_state, feats, labels, i, rate, t)
         return params
 
-    def align_batch(self, which, params, opt_state, feats, labels, rate, task):
-        """One alignment step on given features (n, D) and labels; classes after the task
-        masked. Returns (params, opt_state, loss)."""
-        return self.programs()[f"{which}_align"](
-            params, opt_state, feats, labels, 0, jnp.float32(rate), task.traced()
+    def align_batch(self, params, opt_state, feats, labels, rate, task):
+        """One TII alignment step on given features (n, D) and labels, classes after the task
+        masked: (params, opt_state, loss)."""
+        return self.programs()["tii_align"](
+            params, opt_state, feats[None], labels[None], 0, jnp.float32(rate), task.traced()
         )
 
     def programs(self) -> dict[str, Callable]:
@@ -505,7 +490,7 @@ class HiDePrompt(prompting.PromptMethod):
 
         def merge(old, acc, task):
             """The task's own classes' (mean, cov) from `acc`, the others' from `old`."""
-            mean, cov = acc.moments()
+            mean, cov = acc.means(), acc.covariances(RIDGE)
             if diagonal:
                 cov = jnp.diagonal(cov, axis1=1, axis2=2)
             cls = jnp.arange(mean.shape[0])
@@ -530,7 +515,7 @@ class HiDePrompt(prompting.PromptMethod):
             _, feats = self.prompted_out(net, trainable, frozen, images, e_sel, trainable["head"])
             q = prompting.query(net, frozen, images)
             c = head_lib.head_sizes({"head": trainable["head"]})
-            zeros = Gaussians.zeros(sum(c), feats.shape[-1])
+            zeros = cg.ClassGaussians.zeros(sum(c), feats.shape[-1])
             wtp = zeros.add(feats, batch["label"], batch["mask"])
             tiig = zeros.add(q, batch["label"], batch["mask"])
             return wtp, tiig, q
@@ -548,24 +533,45 @@ class HiDePrompt(prompting.PromptMethod):
             return optax.apply_updates(tii, updates), opt_state, loss
 
         def draw(key, mean, cov, task, per_class):
-            """One epoch's draws, shuffled, the seen classes' first."""
-            k_s, k_p = jax.random.split(key)
-            c = mean.shape[0]
-            x = sample(k_s, mean, cov, per_class, diagonal)
-            order = shuffled(k_p, c, per_class, task.stop)
-            return x[order], (jnp.arange(c * per_class) // per_class)[order]
+            return draws(key, mean, cov, per_class, task.stop, diagonal)
 
-        def aligner(logits_fn, n):
+        def tap_align(heads, key, mean, cov, task):
+            """The heads aligned (`class_gaussians.align_classifier`) on every epoch's draws."""
+            epochs = int(m.hide_prompt_ca_epochs)
+            n = int(m.hide_prompt_tap_batch)
+            x, y = jax.vmap(lambda k: draw(k, mean, cov, task, n))(jax.random.split(key, epochs))
+            return align_heads(heads, x, y, task)
+
+        def align_heads(heads, x, y, task):
+            """The heads after SGD on given draws x (E, S, n, D), y (E, S, n): the first
+            `task.offset` batches of each epoch train."""
+            sizes = head_lib.head_sizes({"head": heads})
+            names = [head_lib.task_name(i) for i in range(len(sizes))]
+            kernel = jnp.concatenate([heads[k]["kernel"] for k in names], axis=1)
+            bias = jnp.concatenate([heads[k]["bias"] for k in names])
+            kernel, bias, losses = cg.align_classifier(
+                kernel, bias, x, y, task.offset, task.stop, task.index + 1,
+                head_sizes=sizes, learning_rate=float(m.hide_prompt_tap_lr), weight_decay=0.0,
+            )  # fmt: skip
+            cuts = np.cumsum(sizes)[:-1]
+            out = {
+                k: {"kernel": w, "bias": b_}
+                for k, w, b_ in zip(
+                    names, jnp.split(kernel, cuts, axis=1), jnp.split(bias, cuts), strict=True
+                )
+            }
+            return out, losses
+
+        def aligner(logits_fn):
             sgd = optax.sgd(1.0, momentum=0.9)
 
             def align_step(params, opt_state, feats, labels, i, rate, task):
-                f = jax.lax.dynamic_slice_in_dim(feats, i * n, n)
-                y = jax.lax.dynamic_slice_in_dim(labels, i * n, n)
+                f, y = feats[i], labels[i]
 
                 def loss_fn(p):
                     logits = logits_fn(p, f)
                     keep = jnp.arange(logits.shape[-1]) < task.stop
-                    return masked_ce(logits, y, keep, jnp.ones(n, bool))
+                    return masked_ce(logits, y, keep, jnp.ones(y.shape[0], bool))
 
                 loss, g = jax.value_and_grad(loss_fn)(params)
                 updates, opt_state = sgd.update(g, opt_state, params)
@@ -587,15 +593,11 @@ class HiDePrompt(prompting.PromptMethod):
             "sgd_init": jax.jit(optax.sgd(1.0, momentum=0.9).init),
             "merge": jax.jit(merge),
             "tii_init": jax.jit(tii_init, static_argnums=(1, 2, 3)),
-            "add": jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b)),
+            "combine": jax.jit(lambda a, b: (combine(a[0], b[0]), combine(a[1], b[1]))),
             "tii_draw": jax.jit(named(draw, "tii_draw", per_class=int(m.hide_prompt_tii_ca_batch))),
-            "tap_draw": jax.jit(named(draw, "tap_draw", per_class=int(m.hide_prompt_tap_batch))),
-            "tii_align": jax.jit(
-                named(aligner(tii_logits, int(m.hide_prompt_tii_ca_batch)), "tii_align")
-            ),
-            "tap_align": jax.jit(
-                named(aligner(head_logits, int(m.hide_prompt_tap_batch)), "tap_align")
-            ),
+            "tap_align": jax.jit(tap_align),
+            "align_heads": jax.jit(align_heads),
+            "tii_align": jax.jit(named(aligner(tii_logits), "tii_align")),
         }
         return self._programs
 
