@@ -431,16 +431,17 @@ class HiDePrompt(prompting.PromptMethod):
         epochs = int(self.cfg.method.hide_prompt_tii_epochs)
         rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).tolist())
         orders = [rng.permutation(len(feats)) for _ in range(epochs)]
-        return self.train_tii_orders(tii, feats, labels, task, orders)
+        return self.train_tii_orders(tii, feats, labels, task, orders)[0]
 
     def train_tii_orders(
         self, tii: Params, feats: np.ndarray, labels: np.ndarray, task: TaskSpec, orders
-    ) -> Params:
-        """The TII training over the given per-epoch orders (the official comparison's)."""
+    ) -> tuple[Params, list[jax.Array]]:
+        """The TII training over the given per-epoch orders (the official comparison's), and
+        each step's loss."""
         bs = int(self.cfg.optim.batch_size)
         step = self.programs()["tii_step"]
         opt_state = self._place(self.programs()["tii_opt_init"](tii))
-        t = task.traced()
+        t, losses = task.traced(), []
         for order in orders:
             for s in range(0, len(order), bs):
                 idx = order[s : s + bs]
@@ -448,8 +449,9 @@ class HiDePrompt(prompting.PromptMethod):
                 f = np.concatenate([feats[idx], np.zeros((pad, feats.shape[1]), feats.dtype)])
                 y = np.concatenate([labels[idx], np.zeros(pad, labels.dtype)])
                 rows = np.arange(bs) < len(idx)
-                tii, opt_state, _ = step(tii, opt_state, f, y, rows, t)
-        return tii
+                tii, opt_state, loss = step(tii, opt_state, f, y, rows, t)
+                losses.append(loss)
+        return tii, losses
 
     def tii_optimizer(self) -> optax.GradientTransformation:
         return optax.chain(
