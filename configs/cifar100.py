@@ -20,13 +20,14 @@ with `--config.model.checkpoint=$CKPT` (required), or a published backbone with 
     CKPT=/path/to/B_16-i21k-300ep-...-res_224.npz
 
 The baselines' runs of this config are data (`aepg_jax/experiments/baselines.py`, experiments
-`coda_prompt`, `inflora`, `aper`, `ease`, `ranpac`); list them with their `aepg_jax.main` commands:
+`coda_prompt`, `inflora`, `aper`, `ease`, `ranpac`, `hide_prompt`); list them with their `aepg_jax.main` commands:
 
     python -m aepg_jax.sweep --experiment=coda_prompt --where=config=cifar100 --list
     python -m aepg_jax.sweep --experiment=inflora --where=config=cifar100 --list
     python -m aepg_jax.sweep --experiment=aper --where=config=cifar100 --list
     python -m aepg_jax.sweep --experiment=ease --where=config=cifar100 --list
     python -m aepg_jax.sweep --experiment=ranpac --where=config=cifar100 --list
+    python -m aepg_jax.sweep --experiment=hide_prompt --where=config=cifar100 --list
 
 One of them (CODA-P with CODA-Prompt's CIFAR-100 schedule, 20 epochs per task):
 
