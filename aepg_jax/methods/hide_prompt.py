@@ -606,7 +606,18 @@ class HiDePrompt(prompting.PromptMethod):
     def host_programs(
         self, trainable: Params, state: Params, frozen: Params, batch, task: int
     ) -> dict[str, tuple[Callable, tuple, int]]:
-        """The statistics pass over the task's images (the alignments and the TII training
-        run on features, far smaller)."""
-        t = TaskSpec(task, 0, 1, 0, head_lib.head_sizes(trainable)).traced()
-        return {"stats": (self.programs()["stats"], (trainable, frozen, batch, t), 1)}
+        """The statistics pass over the task's images, once per task (per batch), and the
+        heads' alignment, once per task from task 1 (its draws of every epoch are one
+        (epochs, C, n, D) input: the largest host-side buffer; `passes` counts per batch, so
+        the plan over-counts its calls by the task's number of batches). The TII training and
+        alignment run on (batch, D) features: far smaller."""
+        p = self.programs()
+        sizes = head_lib.head_sizes(trainable)
+        t = TaskSpec(task, 0, 1, 0, sizes).traced()
+        stats = state["wtp_stats"]
+        key = jax.random.key(0)
+        tap = (trainable["head"], key, stats["mean"], stats["cov"], t)
+        return {
+            "stats": (p["stats"], (trainable, frozen, batch, t), 1),
+            "tap_align": (p["tap_align"], tap, 1),
+        }
