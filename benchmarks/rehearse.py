@@ -107,7 +107,17 @@ Ck = checkpointing.Checkpointer
 Ck.save = timed("checkpoint", Ck.save)
 Ck.wait = timed("checkpoint", Ck.wait)
 sys.argv = ["aepg_jax.main", *sys.argv[1:]]
-runpy.run_module("aepg_jax.main", run_name="__main__", alter_sys=True)
+try:
+    runpy.run_module("aepg_jax.main", run_name="__main__", alter_sys=True)
+finally:  # an accelerator's peak (None on the CPU, whose memory is the RSS above)
+    import jax
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        with open(EVENTS, "a") as f:
+            f.write(json.dumps({"phase": "device memory",
+                                "device": jax.local_devices()[0].device_kind,
+                                "peak_bytes": stats["peak_bytes_in_use"],
+                                "limit_bytes": stats.get("bytes_limit")}) + "\\n")
 """
 
 
@@ -216,6 +226,8 @@ def run_config(name: str, root: str, flags: list[str], extra: list[str], interva
     if os.path.exists(events_path):
         with open(events_path) as f:
             events = [json.loads(line) for line in f]
+    device = [e for e in events if e["phase"] == "device memory"]
+    events = [e for e in events if e["phase"] != "device memory"]
     results_path = os.path.join(workdir, "results.json")
     results = json.load(open(results_path)) if os.path.exists(results_path) else {}
     return {
@@ -223,6 +235,7 @@ def run_config(name: str, root: str, flags: list[str], extra: list[str], interva
         "wall_s": wall,
         "peak_rss_gib": usage.ru_maxrss / 2**20,
         "compilations": results.get("compilations"),
+        "device": device[0] if device else None,
         "start": start,
         **summarise(events, samples, start, disk_start),
     }
@@ -343,6 +356,11 @@ def _compiles(c: dict | None) -> str:
     return f"{c['count']} compilations ({c['seconds']:.1f} s), of which {steps}"
 
 
+def _device(d: dict | None) -> str:
+    """The accelerator's peak memory (its allocator's `peak_bytes_in_use`), if any."""
+    return f", {d['device']} peak {d['peak_bytes'] / 2**30:.2f} GiB" if d else ""
+
+
 def table(result: dict) -> str:
     """Markdown: one row per phase, then RSS per task."""
     f = lambda v, fmt: "" if v is None else format(v, fmt)
@@ -361,7 +379,8 @@ def table(result: dict) -> str:
         lines += [
             "",
             f"run: exit {run['exit']}, wall {run['wall_s']:.0f} s, peak RSS "
-            f"{run['peak_rss_gib']:.2f} GiB, {_compiles(run['compilations'])}",
+            f"{run['peak_rss_gib']:.2f} GiB{_device(run.get('device'))}, "
+            f"{_compiles(run['compilations'])}",
             "",
             "| task | at | RSS | anonymous RSS | peak RSS so far |",
             "|---|---|---|---|---|",

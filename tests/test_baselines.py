@@ -280,6 +280,50 @@ def test_ranpac_runs_build_with_its_settings_in_both_losses():
         assert (cfg.model.weights == "vit_base_patch16_224.augreg_in21k") == in21k
 
 
+# ------------------------------------------------------------------------------- SD-LoRA
+def test_sd_lora_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
+    """`sd_lora`: every run lists with its command and validates with the official code's
+    settings in place (augreg2 weights, [0, 1] inputs, SGD, constant lr, batch 128, 20 epochs,
+    the logged runs' lr and class order), CE beside aEPG, every cell selects runs, the CE row
+    holds the logged cells with Acc <= AAA."""
+    e = registry.get("sd_lora")
+    runs = e.runs()
+    assert sweep.main(["--experiment=sd_lora", f"--workdir={tmp_path}", "--list"]) == 0
+    commands = [c for c in capsys.readouterr().out.splitlines() if " -m aepg_jax.main " in c]
+    assert len(commands) == len(runs) == 5 * 2 * 5
+    losses = set()
+    for run in runs:
+        unit = layout.Unit((run,))
+        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
+        validate(cfg)
+        for field, value in run.overrides:
+            got = get(cfg, field)
+            assert (got if isinstance(got, str) else float(got)) == _typed(value), (run, field)
+        assert cfg.method.name == "sd_lora" and cfg.method.sd_lora_rank == 10
+        assert cfg.model.weights == "vit_base_patch16_224.augreg2_in21k_ft_in1k"
+        o = cfg.optim
+        assert (o.optimizer, o.momentum, o.lr_schedule, o.batch_size, o.epochs) == (
+            "sgd", 0.9, "constant", 128, 20)  # fmt: skip
+        assert cfg.input.normalize == "none" and cfg.data.class_order_seed is not None
+        losses.add(cfg.loss.name)
+    assert losses == {"ce", "aepg"}
+    test_every_cell_selects_runs_and_published_values_parse("sd_lora")
+    (table,) = e.tables
+    ce, aepg = table.rows
+    assert len(ce.paper) == len(table.columns) and not aepg.paper
+    values = [table.published(ce, c).mean for c in table.columns]
+    assert all(acc <= aaa for acc, aaa in zip(values[::2], values[1::2], strict=True))
+
+
+def test_field_demo_lists_its_runs_and_every_cell_selects_runs(tmp_path, capsys):
+    test_list_prints_every_run_with_its_command("field_demo", tmp_path, capsys)
+    test_every_cell_selects_runs_and_published_values_parse("field_demo")
+    assert {r.value("method") for r in registry.get("field_demo").runs()} >= {
+        "sd_lora",
+        "hide_prompt",
+    }
+
+
 # ---------------------------------------------------------------------------- HiDe-Prompt
 def test_hide_prompt_runs_build_with_its_settings_in_both_losses(tmp_path, capsys):
     """`hide_prompt`: every run lists and builds with its scripts' settings (ToTensor inputs,

@@ -71,6 +71,7 @@ def test_default_config_compiles_as_often_with_5_tasks_as_with_2(tmp_path, monke
         {"method.name": "lae"},
         {"method.name": "coda_prompt", "method.coda_blocks": (0, 1), "method.coda_pool_size": 10},
         {"method.name": "inflora", "method.inflora_blocks": (0, 1)},
+        {"method.name": "sd_lora", "method.sd_lora_blocks": (0, 1)},
         {"method.name": "hide_prompt", "method.hide_prompt_blocks": (0, 1)},
     ],
 )

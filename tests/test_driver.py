@@ -247,7 +247,9 @@ def _run_subprocess(cache, workdir, overrides, env=None, wait=True):
 
 
 @pytest.mark.slow  # CI: resume in tests/test_multiseed.py, fallback in test_integrity
-@pytest.mark.parametrize("method", ["lae", "l2p", "dualprompt", "coda_prompt", "inflora", "ease"])
+@pytest.mark.parametrize(
+    "method", ["lae", "l2p", "dualprompt", "coda_prompt", "inflora", "ease", "sd_lora"]
+)
 def test_sigkill_mid_task_then_resume_matches_an_uninterrupted_run(tmp_path, method):
     overrides = {
         # The tiny ViT has 2 blocks: DualPrompt's e-prompts (blocks 2-4 by default) go on block 1.

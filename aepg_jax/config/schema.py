@@ -96,8 +96,8 @@ Fields (defaults in brackets):
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
   method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora |
-                               simplecil | aper | ease | ranpac (methods/, one module each;
-                               simplecil and aper have no method.* fields: APER adapts
+                               simplecil | aper | ease | ranpac | sd_lora (methods/, one module
+                               each; simplecil and aper have no method.* fields: APER adapts
                                model.peft on task 0)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
@@ -132,6 +132,11 @@ Fields (defaults in brackets):
                                RanPAC ranpac_m [10000] (random-projection width M: its Gram
                                matrix is M^2 float32 per seed, 400 MB at 10000, in the
                                checkpointed state; 0: no projection, the features themselves)
+                               SD-LoRA sd_lora_blocks [(0, ..., 11), cut at the depth] (blocks
+                               whose Q/V get the per-task LoRA), sd_lora_rank [10],
+                               sd_lora_magnitude_init [0.8] (every magnitude at each task's
+                               start), sd_lora_rank_steps [()] ((first_task, rank) steps of
+                               SD-LoRA-RR, e.g. ((4, 8), (8, 6))); SD-LoRA ignores model.peft
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has

@@ -31,6 +31,7 @@ from aepg_jax.methods.lae import LAE
 from aepg_jax.methods.lwf import LwF
 from aepg_jax.methods.plain import Plain
 from aepg_jax.methods.ranpac import RanPAC
+from aepg_jax.methods.sd_lora import SDLoRA
 from aepg_jax.methods.simplecil import SimpleCIL
 from aepg_jax.methods.slca import SLCA
 
@@ -38,6 +39,7 @@ _ORDER: tuple[type[Method], ...] = (
     Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, SimpleCIL, Aper, Ease, RanPAC
 )  # fmt: skip
 _ORDER += (SLCA,)
+_ORDER += (SDLoRA,)
 _ORDER += (HiDePrompt,)
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in _ORDER}
 NAMES = tuple(REGISTRY)

@@ -5,6 +5,8 @@ without touching the earlier heads or anything else. Its initialisations (`INITS
   normal   kernel ~ N(0, 0.001^2), bias 0 (gqk/LAE's `SimpleHead.weights_init`; `TaskHeads`'s)
   uniform  kernel and bias ~ U(-1/sqrt(D), 1/sqrt(D)) (torch's `nn.Linear` default: the head of
            GT-RIPL/CODA-Prompt's `ViTZoo`, CODA-P's default)
+  linear   kernel ~ U(-sqrt(3/D), sqrt(3/D)), bias 0 (LAMDA-PILOT's `SimpleLinear`:
+           kaiming_uniform with the linear gain; SD-LoRA's classifier)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 KERNEL_INIT = nn.initializers.normal(stddev=1e-3)
-INITS = ("normal", "uniform")
+INITS = ("normal", "uniform", "linear")
 
 
 def task_name(task: int) -> str:
@@ -65,6 +67,12 @@ def init_head(rng: jax.Array, width: int, num_classes: int, init: str = "normal"
                 k_kernel, (width, num_classes), jnp.float32, -bound, bound
             ),
             "bias": jax.random.uniform(k_bias, (num_classes,), jnp.float32, -bound, bound),
+        }
+    if init == "linear":  # kaiming_uniform(nonlinearity="linear") = U(+-sqrt(3 / fan_in))
+        bound = math.sqrt(3.0 / width)
+        return {
+            "kernel": jax.random.uniform(rng, (width, num_classes), jnp.float32, -bound, bound),
+            "bias": jnp.zeros((num_classes,), jnp.float32),
         }
     raise ValueError(f"Unknown head init {init!r}; use one of {INITS}.")
 

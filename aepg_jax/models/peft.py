@@ -4,8 +4,9 @@ Each ViT block listed in `PeftConfig.blocks` gets its own module; their paramete
 names containing `/lora/`, `/adapter/` or `/prefix/`, which `partition.py` labels `peft`.
 D is the token width, H the number of heads, Dh = D / H.
 
-  LoRA (K and V only)   k = x W_k + s_k (x A_k^T) B_k^T,  v likewise; A (r, D) ~ U(+-1/sqrt(D)),
-                        B (D, r) = 0, s = 1: the identity at initialisation.
+  LoRA (K and V)        k = x W_k + s_k (x A_k^T) B_k^T,  v likewise; A (r, D) ~ U(+-1/sqrt(D)),
+                        B (D, r) = 0, s = 1: the identity at initialisation. `lora_targets`
+                        names the projections (K and V by default; Q and V for SD-LoRA).
   Adapter (parallel)    `adapter_style=attn` (LAE's): x + Attn(LN x) + s Up(GELU(Down(LN x))),
                         hidden m, s a learned scalar (init 1);
                         `adapter_style=ffn` (AdaptFormer's, as APER / RanPAC / EASE use it): with
@@ -33,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 PEFT_KINDS = ("none", "lora", "adapter", "prefix")
+LORA_TARGETS = ("query", "key", "value")
 ADAPTER_STYLES = ("attn", "ffn")  # beside the attention (LAE's) | beside the MLP (AdaptFormer's)
 _PREFIX_EPS = 1e-12
 
@@ -48,6 +50,7 @@ class PeftConfig:
     prefix_length: int = 10
     adapter_style: str = "attn"
     adapter_scale: float = 0.1  # the fixed s of adapter_style=ffn (AdaptFormer's "0.1")
+    lora_targets: tuple[str, ...] = ("key", "value")  # the projections LoRA updates
 
     def __post_init__(self):
         if self.kind not in PEFT_KINDS:
@@ -59,6 +62,10 @@ class PeftConfig:
             raise ValueError(
                 f"peft.adapter_style={self.adapter_style!r} is unknown; valid: "
                 f"{', '.join(ADAPTER_STYLES)}."
+            )
+        if not self.lora_targets or not set(self.lora_targets) <= set(LORA_TARGETS):
+            raise ValueError(
+                f"peft.lora_targets={self.lora_targets!r}: use a subset of {LORA_TARGETS}."
             )
         if len(set(self.blocks)) != len(self.blocks) or any(b < 0 for b in self.blocks):
             raise ValueError(
@@ -95,15 +102,16 @@ def _matmul_f32(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 class LoRA(nn.Module):
-    """Low-rank updates of the key and value projections: returns `(delta_k, delta_v)`.
+    """Low-rank updates of the `targets` projections: returns one delta per target, in order.
 
     `delta = s (x A^T) B^T` with A (r, D_in), B (D_out, r); outputs have x's shape [..., D].
     """
 
     rank: int
+    targets: tuple[str, ...] = ("key", "value")
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, ...]:
         width = x.shape[-1]
         a_init = _symmetric_uniform(1.0 / math.sqrt(width))
 
@@ -121,7 +129,7 @@ class LoRA(nn.Module):
             h = _matmul_f32(x, a.T)
             return _matmul_f32(h, (scale * b).T).astype(x.dtype)
 
-        return branch("key"), branch("value")
+        return tuple(branch(name) for name in self.targets)
 
 
 class Adapter(nn.Module):

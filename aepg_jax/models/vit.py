@@ -173,6 +173,7 @@ class MultiHeadDotProductAttention(nn.Module):
     lora_rank: int | None = None
     prefix_length: int | None = None
     dtype: Any = jnp.float32
+    lora_targets: tuple[str, ...] = ("key", "value")
 
     @nn.compact
     def __call__(
@@ -188,11 +189,12 @@ class MultiHeadDotProductAttention(nn.Module):
             kernel_init=nn.initializers.xavier_uniform(),
             name=name,
         )
-        q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
+        qkv = {name: proj(name)(x) for name in ("query", "key", "value")}
         if self.lora_rank:
-            delta_k, delta_v = peft_lib.LoRA(self.lora_rank, name="lora")(x)
-            k = k + delta_k.reshape(k.shape)
-            v = v + delta_v.reshape(v.shape)
+            deltas = peft_lib.LoRA(self.lora_rank, self.lora_targets, name="lora")(x)
+            for name, delta in zip(self.lora_targets, deltas, strict=True):
+                qkv[name] = qkv[name] + delta.reshape(qkv[name].shape)
+        q, k, v = qkv["query"], qkv["key"], qkv["value"]
         if self.prefix_length:
             prefix_k, prefix_v = peft_lib.Prefix(self.prefix_length, self.num_heads, name="prefix")(
                 width
@@ -252,6 +254,7 @@ class Encoder1DBlock(nn.Module):
             lora_rank=self.peft.lora_rank if on("lora") else None,
             prefix_length=self.peft.prefix_length if on("prefix") else None,
             dtype=self.dtype,
+            lora_targets=self.peft.lora_targets,
         )(y, prefix)
         if self.family.layer_scale:
             attn = LayerScale(self.dtype, name="LayerScale_0")(attn)
@@ -401,6 +404,7 @@ def peft_from_config(cfg: ml_collections.ConfigDict) -> peft_lib.PeftConfig:
         prefix_length=int(cfg.prefix_length),
         adapter_style=str(cfg.get("adapter_style", "attn")),
         adapter_scale=float(cfg.get("adapter_scale", 0.1)),
+        lora_targets=tuple(cfg.get("lora_targets", ("key", "value"))),
     )
 
 
