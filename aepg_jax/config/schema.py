@@ -137,6 +137,17 @@ Fields (defaults in brackets):
                                sd_lora_magnitude_init [0.8] (every magnitude at each task's
                                start), sd_lora_rank_steps [()] ((first_task, rank) steps of
                                SD-LoRA-RR, e.g. ((4, 8), (8, 6))); SD-LoRA ignores model.peft
+                               HiDe-Prompt hide_prompt_pool_size [10], hide_prompt_length [20]
+                               (key and value tokens per slot), hide_prompt_blocks
+                               [(0, 1, 2, 3, 4), cut at the depth], hide_prompt_momentum
+                               [0.01], hide_prompt_reg [0.5] (contrastive term),
+                               hide_prompt_head_lr_scale [0.1] (heads' rate / prompts'),
+                               hide_prompt_tii_hidden [2], hide_prompt_tii_epochs [20],
+                               hide_prompt_tii_lr [0.0005 * 24 / 256], hide_prompt_ca_epochs
+                               [30], hide_prompt_tap_lr [0.005], hide_prompt_tap_batch [120],
+                               hide_prompt_tii_ca_lr [0.005 * 24 / 256],
+                               hide_prompt_tii_ca_batch [24], hide_prompt_storage [covariance]
+                               (| variance); HiDe-Prompt ignores model.peft (docs/methods.md)
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has
