@@ -179,6 +179,9 @@ class HiDePrompt(prompting.PromptMethod):
     name = "hide_prompt"
     reference_settings: ClassVar[dict[str, Any]] = HIDE_PROMPT_SETTINGS
     task_data_passes: ClassVar[int] = 2  # the prompted and the backbone statistics pass
+    # `grow` draws the prompts at task 0 and returns the tree unchanged after: on the host, so
+    # no program is compiled per task.
+    grows_on_host: ClassVar[bool] = True
     defaults: ClassVar[dict[str, Any]] = {
         "hide_prompt_pool_size": 10,
         "hide_prompt_length": 20,
