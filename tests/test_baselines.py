@@ -324,6 +324,30 @@ def test_field_demo_lists_its_runs_and_every_cell_selects_runs(tmp_path, capsys)
     }
 
 
+# ---------------------------------------------------------------------------------- SLCA
+def test_slca_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
+    """SLCA's grids: `--list` shows every run, every cell selects runs, and every run builds
+    with its code's settings (full fine-tuning by SGD, multistep lr at its milestone, batch
+    128, the IN-21K backbone, seed 1993's class order), CE beside aEPG."""
+    test_list_prints_every_run_with_its_command("slca", tmp_path, capsys)
+    test_every_cell_selects_runs_and_published_values_parse("slca")
+    runs = registry.get("slca").runs()
+    assert {r.value("loss") for r in runs} == {"ce", "aepg"}
+    for run in runs[:: max(1, len(runs) // 3)]:  # one run per benchmark
+        unit = layout.Unit((run,))
+        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
+        validate(cfg)
+        o = cfg.optim
+        assert cfg.method.name == "slca" and cfg.model.peft.kind == "none"
+        assert (o.optimizer, o.learning_rate, o.weight_decay, o.batch_size) == (
+            "sgd", 0.01, 5e-4, 128)  # fmt: skip
+        assert o.lr_schedule == "multistep" and tuple(o.lr_milestones) == (
+            (18,) if run.stem == "cifar100" else (40,)
+        )
+        assert cfg.model.weights == "vit_base_patch16_224.augreg_in21k"
+        assert cfg.data.class_order_seed == 1993
+
+
 # ---------------------------------------------------------------------------- HiDe-Prompt
 def test_hide_prompt_runs_build_with_its_settings_in_both_losses(tmp_path, capsys):
     """`hide_prompt`: every run lists and builds with its scripts' settings (ToTensor inputs,

@@ -17,6 +17,7 @@ from aepg_jax.continual import trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROGRAMS = ("jit(step)", "jit(multi_step)", "jit(eval_step)", "jit(_covariance_sums)")
+PROGRAMS += ("jit(class_statistics)", "jit(slca_alignment)")
 
 
 def default_config(cache, **overrides):
@@ -72,6 +73,7 @@ def test_default_config_compiles_as_often_with_5_tasks_as_with_2(tmp_path, monke
         {"method.name": "coda_prompt", "method.coda_blocks": (0, 1), "method.coda_pool_size": 10},
         {"method.name": "inflora", "method.inflora_blocks": (0, 1)},
         {"method.name": "sd_lora", "method.sd_lora_blocks": (0, 1)},
+        {"method.name": "slca", "optim.peft_freeze_epochs": 0, "method.slca_ca_samples": 16},
         {"method.name": "hide_prompt", "method.hide_prompt_blocks": (0, 1)},
     ],
 )

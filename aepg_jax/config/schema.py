@@ -96,8 +96,9 @@ Fields (defaults in brackets):
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
   method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora |
-                               simplecil | aper | ease | ranpac | sd_lora (methods/, one module
-                               each; simplecil and aper have no method.* fields: APER adapts
+                               simplecil | aper | ease | ranpac | sd_lora | slca |
+                               hide_prompt (methods/, one module each;
+                               simplecil and aper have no method.* fields: APER adapts
                                model.peft on task 0)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
@@ -137,6 +138,14 @@ Fields (defaults in brackets):
                                sd_lora_magnitude_init [0.8] (every magnitude at each task's
                                start), sd_lora_rank_steps [()] ((first_task, rank) steps of
                                SD-LoRA-RR, e.g. ((4, 8), (8, 6))); SD-LoRA ignores model.peft
+                               SLCA slca_backbone_lr_scale [0.01] (the fine-tuned backbone's lr
+                               / optim.learning_rate, > 0), slca_ca_epochs [5] (classifier
+                               alignment epochs after tasks >= 1; 0: none), slca_ca_samples
+                               [256] (features drawn per class per epoch, also the batch),
+                               slca_ca_logit_norm [0.1] (per-task logit-norm temperature; 0:
+                               plain logits), slca_fresh_final_norm [True] (the backbone's final
+                               LayerNorm starts at scale 1, bias 0, as its code); SLCA fine-tunes
+                               the whole backbone and ignores model.peft (docs/methods.md, SLCA)
                                HiDe-Prompt hide_prompt_pool_size [10], hide_prompt_length [20]
                                (key and value tokens per slot), hide_prompt_blocks
                                [(0, 1, 2, 3, 4), cut at the depth], hide_prompt_momentum

@@ -401,6 +401,12 @@ def first_trainable(run: Run) -> Params:
     if not run.method.finetunes_backbone:
         return trainable
     backbone = run.frozen
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(backbone)):
+        # Shapes only (`aepg_jax.plan`, which runs the state programs on real trainable
+        # trees): zeros of the copy's shapes, per seed when vmapped.
+        lead = (len(run.axis.seeds),) if run.axis.vmapped and run.frozen_axis is None else ()
+        copy = jax.tree.map(lambda x: jnp.zeros(lead + x.shape, x.dtype), backbone)
+        return {**trainable, partition.FINETUNED: copy}
     if run.axis.vmapped and run.frozen_axis is None:
         backbone = run.axis.stack([backbone] * len(run.axis.seeds))
     return {**trainable, partition.FINETUNED: base_copied(backbone)}

@@ -101,11 +101,11 @@ def stats_program(features: FeatureFn, cfg: ml_collections.ConfigDict) -> StatsS
     """`step(stats, params, batch)`, jitted: the batch's uint8 images through the test
     transform and `features`, added to `stats` by label (run it with `prototypes.accumulate`)."""
 
-    def step(stats: ClassGaussians, params: Any, batch: Batch) -> ClassGaussians:
+    def class_statistics(stats: ClassGaussians, params: Any, batch: Batch) -> ClassGaussians:
         images = augment.test_transform(batch["image"], cfg.model.image_size, cfg.input.normalize)
         return stats.add(features(params, images), batch["label"], batch["mask"])
 
-    return jax.jit(step)
+    return jax.jit(class_statistics)
 
 
 def sample(means: jax.Array, covariances: jax.Array, n_per_class: int, key: jax.Array) -> jax.Array:

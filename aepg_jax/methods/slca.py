@@ -86,12 +86,22 @@ def class_tasks(head_sizes: tuple[int, ...]) -> np.ndarray:
     return np.repeat(np.arange(len(head_sizes)), head_sizes)
 
 
+@functools.partial(jax.jit, static_argnums=2)
+def _columns(classifier: Params, lo: jax.Array, width: int) -> Params:
+    """Columns `[lo, lo + width)` of a classifier `{"kernel" (D, C), "bias" (C,)}`."""
+    return {
+        "kernel": jax.lax.dynamic_slice_in_dim(classifier["kernel"], lo, width, axis=1),
+        "bias": jax.lax.dynamic_slice_in_dim(classifier["bias"], lo, width),
+    }
+
+
 class SLCA(Method):
     """Full fine-tuning at a slow backbone rate, classifier alignment from class Gaussians."""
 
     name = "slca"
     uses_model_peft: ClassVar[bool] = False
     finetunes_backbone: ClassVar[bool] = True
+    grows_on_host: ClassVar[bool] = True  # `grow` only drops leaves: no program to compile
     task_data_passes: ClassVar[int] = 1  # the statistics pass, at end_task
     reference_settings: ClassVar[dict[str, Any]] = SLCA_SETTINGS
     defaults: ClassVar[dict[str, Any]] = {
@@ -124,7 +134,7 @@ class SLCA(Method):
             p.append("method.slca_ca_epochs must be >= 0 and method.slca_ca_samples >= 1.")
         if m.slca_ca_logit_norm < 0:
             p.append(f"method.slca_ca_logit_norm={m.slca_ca_logit_norm} must be >= 0 (0: off).")
-        if cfg.data.get("scenario", "class") != "class":
+        if cfg.method.name == cls.name and cfg.data.get("scenario", "class") != "class":
             p.append("method.name=slca is class-incremental only; set data.scenario=class.")
         return p
 
@@ -157,12 +167,9 @@ class SLCA(Method):
         """Task t's head back to its initial draw; at task 0 the fresh final LayerNorm."""
         t = int(task.index)
         sizes = task.head_sizes
-        lo, hi = sum(sizes[:t]), sum(sizes[: t + 1])
         heads = dict(trainable["head"])
-        heads[head.task_name(t)] = {
-            "kernel": state["initial"]["kernel"][:, lo:hi],
-            "bias": state["initial"]["bias"][lo:hi],
-        }
+        lo = jnp.asarray(sum(sizes[:t]), jnp.int32)  # traced: one program per head width
+        heads[head.task_name(t)] = _columns(state["initial"], lo, sizes[t])
         trainable = {**trainable, "head": heads}
         if t == 0 and self.cfg.method.slca_fresh_final_norm:
             backbone = trainable[partition.FINETUNED]
@@ -220,19 +227,27 @@ class SLCA(Method):
         """`align(state, key, t) -> {"kernel", "bias"}` after task t (traced), jitted once
         for the run (module doc, step 3)."""
         if self._align is None:
-            self._align = jax.jit(functools.partial(self._align_fn, head_sizes=head_sizes))
+
+            def slca_alignment(state: Params, key: jax.Array, t: jax.Array) -> Params:
+                return self._align_fn(state, key, t, head_sizes=head_sizes)
+
+            self._align = jax.jit(slca_alignment)
         return self._align
 
-    def _align_fn(
-        self, state: Params, key: jax.Array, t: jax.Array, *, head_sizes: tuple[int, ...]
-    ) -> Params:
-        m, o = self.cfg.method, self.cfg.optim
+    def draw(
+        self, state: Params, key: jax.Array, t: jax.Array, head_sizes: tuple[int, ...]
+    ) -> tuple[jax.Array, jax.Array]:
+        """The alignment's inputs after task `t`: per epoch, `slca_ca_samples` draws per class
+        from N(mu_c (0.9 + 0.1 (t_c + 1) / (t + 1)), Sigma_c + 1e-4 I), the seen classes'
+        draws shuffled into batches: features (E, C, n, D), labels (E, C, n) (batches of
+        unseen classes last, skipped)."""
+        m = self.cfg.method
         stats = self.stats(state)
         tasks = jnp.asarray(class_tasks(head_sizes))
         scale = MEAN_SHRINK + (tasks + 1) / (t + 1) * (1.0 - MEAN_SHRINK)
         means = stats.means() * scale[:, None]
         covs = stats.covariances(RIDGE)
-        seen = jnp.sum(jnp.where(tasks <= t, 1, 0))
+        seen = jnp.sum(tasks <= t)
         feats, labels = [], []
         for e in range(int(m.slca_ca_epochs)):
             k_draw, k_perm = jax.random.split(jax.random.fold_in(key, e))
@@ -240,11 +255,19 @@ class SLCA(Method):
             f, y = class_gaussians.shuffled_batches(draws, seen, k_perm)
             feats.append(f)
             labels.append(y)
+        return jnp.stack(feats), jnp.stack(labels)
+
+    def _align_fn(
+        self, state: Params, key: jax.Array, t: jax.Array, *, head_sizes: tuple[int, ...]
+    ) -> Params:
+        m, o = self.cfg.method, self.cfg.optim
+        feats, labels = self.draw(state, key, t, head_sizes)
+        seen = jnp.sum(jnp.asarray(class_tasks(head_sizes)) <= t)
         kernel, bias, _ = class_gaussians.align_classifier(
             state["heads"]["kernel"],
             state["heads"]["bias"],
-            jnp.stack(feats),
-            jnp.stack(labels),
+            feats,
+            labels,
             seen,
             seen,
             t + 1,
