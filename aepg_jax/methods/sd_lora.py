@@ -161,7 +161,12 @@ class SDLoRA(Method):
         if not m.sd_lora_magnitude_init > 0:
             p.append(f"method.sd_lora_magnitude_init={m.sd_lora_magnitude_init} must be > 0.")
         steps = tuple(m.sd_lora_rank_steps)
-        if not all(len(s) == 2 and int(s[0]) >= 0 and 1 <= int(s[1]) <= r for s in steps):
+        pair = lambda s: (
+            isinstance(s, (tuple, list))
+            and len(s) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
+        )
+        if not all(pair(s) and s[0] >= 0 and 1 <= s[1] <= r for s in steps):
             p.append(
                 f"method.sd_lora_rank_steps={steps} must be (first_task, rank) pairs with "
                 f"first_task >= 0 and 1 <= rank <= method.sd_lora_rank={r}."
