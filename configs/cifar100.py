@@ -20,8 +20,8 @@ with `--config.model.checkpoint=$CKPT` (required), or a published backbone with 
     CKPT=/path/to/B_16-i21k-300ep-...-res_224.npz
 
 The baselines' runs of this config are data (`aepg_jax/experiments/baselines.py`, experiments
-`coda_prompt`, `inflora`, `aper`, `ease`, `ranpac`, `sd_lora`, `slca`); list them with their
-`aepg_jax.main` commands:
+`coda_prompt`, `inflora`, `aper`, `ease`, `ranpac`, `sd_lora`, `slca`, `hide_prompt`); list them
+with their `aepg_jax.main` commands:
 
     python -m aepg_jax.sweep --experiment=coda_prompt --where=config=cifar100 --list
     python -m aepg_jax.sweep --experiment=inflora --where=config=cifar100 --list
@@ -30,6 +30,7 @@ The baselines' runs of this config are data (`aepg_jax/experiments/baselines.py`
     python -m aepg_jax.sweep --experiment=ranpac --where=config=cifar100 --list
     python -m aepg_jax.sweep --experiment=sd_lora --where=config=cifar100 --list
     python -m aepg_jax.sweep --experiment=slca --where=config=cifar100 --list
+    python -m aepg_jax.sweep --experiment=hide_prompt --where=config=cifar100 --list
 
 One of them (CODA-P with CODA-Prompt's CIFAR-100 schedule, 20 epochs per task):
 

@@ -318,7 +318,11 @@ def test_sd_lora_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
 def test_field_demo_lists_its_runs_and_every_cell_selects_runs(tmp_path, capsys):
     test_list_prints_every_run_with_its_command("field_demo", tmp_path, capsys)
     test_every_cell_selects_runs_and_published_values_parse("field_demo")
-    assert {r.value("method") for r in registry.get("field_demo").runs()} >= {"sd_lora"}
+    assert {r.value("method") for r in registry.get("field_demo").runs()} >= {
+        "sd_lora",
+        "slca",
+        "hide_prompt",
+    }
 
 
 # ---------------------------------------------------------------------------------- SLCA
@@ -343,3 +347,42 @@ def test_slca_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
         )
         assert cfg.model.weights == "vit_base_patch16_224.augreg_in21k"
         assert cfg.data.class_order_seed == 1993
+
+
+# ---------------------------------------------------------------------------- HiDe-Prompt
+def test_hide_prompt_runs_build_with_its_settings_in_both_losses(tmp_path, capsys):
+    """`hide_prompt`: every run lists and builds with its scripts' settings (ToTensor inputs,
+    crops from 5%, batch 24, Adam at 0.03 * 24 / 256 clipped at 1, per benchmark its epochs,
+    schedule, prompt length, reg, heads' rate and TII lr), CE beside aEPG, 3 seeds; every table
+    cell selects runs, and the table says it keeps class statistics."""
+    e = registry.get("hide_prompt")
+    runs = e.runs()
+    assert sweep.main(["--experiment=hide_prompt", f"--workdir={tmp_path}", "--list"]) == 0
+    commands = [c for c in capsys.readouterr().out.splitlines() if " -m aepg_jax.main " in c]
+    assert len(commands) == len(runs) == 3 * 2 * 3
+    expected = {  # stem: (epochs, schedule, length, reg, head scale, TII lr)
+        "imagenet_r": (150, "cosine_annealing", 20, 0.5, 0.1, 0.0005 * 24 / 256),
+        "cifar100": (50, "multistep", 5, 0.1, 0.1, 0.0005 * 24 / 256),
+        "cub200": (50, "multistep", 20, 0.01, 1.0, 0.01 * 24 / 256),
+    }
+    losses = set()
+    for run in runs:
+        unit = layout.Unit((run,))
+        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
+        validate(cfg)
+        o, m = cfg.optim, cfg.method
+        assert m.name == "hide_prompt" and cfg.data.num_tasks == 10
+        assert (cfg.input.normalize, tuple(cfg.data.crop_scale)) == ("none", (0.05, 1.0))
+        assert (o.batch_size, o.learning_rate, o.clip_norm) == (24, 0.03 * 24 / 256, 1.0)
+        assert o.peft_freeze_epochs == 0 and cfg.model.weights is None  # ViT-B_16.npz
+        got = (o.epochs, o.lr_schedule, m.hide_prompt_length, m.hide_prompt_reg,
+               m.hide_prompt_head_lr_scale, m.hide_prompt_tii_lr)  # fmt: skip
+        assert got[:3] == expected[run.stem][:3]
+        assert got[3:] == pytest.approx(expected[run.stem][3:])
+        assert o.lr_schedule != "multistep" or tuple(o.lr_milestones) == (31,)
+        losses.add(cfg.loss.name)
+    assert losses == {"ce", "aepg"}
+    (table,) = e.tables
+    assert "class statistics" in table.title
+    for row, col in itertools.product(table.rows, table.columns):
+        assert e.select({**row.where, **col.where}), (row.label, col.label)

@@ -74,6 +74,7 @@ def test_default_config_compiles_as_often_with_5_tasks_as_with_2(tmp_path, monke
         {"method.name": "inflora", "method.inflora_blocks": (0, 1)},
         {"method.name": "sd_lora", "method.sd_lora_blocks": (0, 1)},
         {"method.name": "slca", "optim.peft_freeze_epochs": 0, "method.slca_ca_samples": 16},
+        {"method.name": "hide_prompt", "method.hide_prompt_blocks": (0, 1)},
     ],
 )
 def test_method_test_configs_compile_as_often_with_5_tasks_as_with_2(tmp_path, overrides):

@@ -96,9 +96,9 @@ Fields (defaults in brackets):
   optim.steps_per_call [1]     >1: the task's training data lives on the device and this many
                                steps run as one jitted lax.scan (no host work between them)
   method.name [plain]          plain | lae | lwf | l2p | dualprompt | coda_prompt | inflora |
-                               simplecil | aper | ease | ranpac | sd_lora | slca (methods/, one
-                               module each; simplecil and aper have no method.* fields: APER
-                               adapts model.peft on task 0)
+                               simplecil | aper | ease | ranpac | sd_lora | slca | hide_prompt
+                               (methods/, one module each; simplecil and aper have no method.*
+                               fields: APER adapts model.peft on task 0)
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
                                decay); LwF lwf_temperature [1.0], lwf_weight [1.0];
@@ -145,6 +145,17 @@ Fields (defaults in brackets):
                                plain logits), slca_fresh_final_norm [True] (the backbone's final
                                LayerNorm starts at scale 1, bias 0, as its code); SLCA fine-tunes
                                the whole backbone and ignores model.peft (docs/methods.md, SLCA)
+                               HiDe-Prompt hide_prompt_pool_size [10], hide_prompt_length [20]
+                               (key and value tokens per slot), hide_prompt_blocks
+                               [(0, 1, 2, 3, 4), cut at the depth], hide_prompt_momentum
+                               [0.01], hide_prompt_reg [0.5] (contrastive term),
+                               hide_prompt_head_lr_scale [0.1] (heads' rate / prompts'),
+                               hide_prompt_tii_hidden [2], hide_prompt_tii_epochs [20],
+                               hide_prompt_tii_lr [0.0005 * 24 / 256], hide_prompt_ca_epochs
+                               [30], hide_prompt_tap_lr [0.005], hide_prompt_tap_batch [120],
+                               hide_prompt_tii_ca_lr [0.005 * 24 / 256],
+                               hide_prompt_tii_ca_batch [24], hide_prompt_storage [covariance]
+                               (| variance); HiDe-Prompt ignores model.peft (docs/methods.md)
   eval.batch_size [256]
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has

@@ -24,6 +24,7 @@ from aepg_jax.methods.base import Method, Network, TaskContext, TaskSpec
 from aepg_jax.methods.coda_prompt import CodaPrompt
 from aepg_jax.methods.dualprompt import DualPrompt
 from aepg_jax.methods.ease import Ease
+from aepg_jax.methods.hide_prompt import HiDePrompt
 from aepg_jax.methods.inflora import InfLoRA
 from aepg_jax.methods.l2p import L2P
 from aepg_jax.methods.lae import LAE
@@ -36,7 +37,7 @@ from aepg_jax.methods.slca import SLCA
 
 _ORDER: tuple[type[Method], ...] = (
     Plain, LAE, LwF, L2P, DualPrompt, CodaPrompt, InfLoRA, SimpleCIL, Aper, Ease, RanPAC, SDLoRA,
-    SLCA,
+    SLCA, HiDePrompt,
 )  # fmt: skip
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in _ORDER}
 NAMES = tuple(REGISTRY)
