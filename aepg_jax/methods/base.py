@@ -291,3 +291,42 @@ def out_of_depth_problems(
         f"method.{field}={tuple(blocks)} names block(s) {tuple(beyond)} of a model with "
         f"model.depth={depth} blocks; use indices 0..{depth - 1}."
     ]
+
+
+class ComposedParams:
+    """For a method whose network is its own `self.net` on one parameter tree composed of the
+    trainable tree, the frozen backbone and the state (`params`, the task index may be traced):
+    training and evaluation both run `net(params(trainable, frozen, state, t))`, evaluation
+    with the unseen classes masked. Put before `Method` in the bases."""
+
+    net: Network
+
+    def params(
+        self, trainable: Params, frozen: Params, state: Params, task: int | jax.Array
+    ) -> Params:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        net: Network,
+        trainable: Params,
+        frozen: Params,
+        state: Params,
+        images: jax.Array,
+        task: TaskSpec,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        params = self.params(trainable, frozen, state, task.index)
+        return self.net.apply(params, images, task.head_sizes)[0], None
+
+    def predict(
+        self,
+        net: Network,
+        trainable: Params,
+        frozen: Params,
+        state: Params,
+        images: jax.Array,
+        task: TaskSpec,
+    ) -> tuple[dict[str, jax.Array], jax.Array]:
+        params = self.params(trainable, frozen, state, task.index)
+        logits = mask_unseen(self.net.apply(params, images, task.head_sizes)[0], task)
+        return {"model": softmax_probs(logits)}, logits

@@ -49,15 +49,14 @@ from flax import traverse_util
 from aepg_jax.data import augment
 from aepg_jax.methods import dualgpm
 from aepg_jax.methods.base import (
+    ComposedParams,
     Method,
     Network,
     Params,
     TaskContext,
     TaskSpec,
     heads_of,
-    mask_unseen,
     out_of_depth_problems,
-    softmax_probs,
 )
 from aepg_jax.models import partition, vit
 from aepg_jax.system import progress
@@ -122,7 +121,7 @@ def merged_backbone(
     return traverse_util.unflatten_dict(flat)
 
 
-class InfLoRA(Method):
+class InfLoRA(ComposedParams, Method):
     """Interference-free LoRA: per-task (A_t, B_t) on K and V, A_t from the DualGPM memory."""
 
     name = "inflora"
@@ -337,28 +336,3 @@ class InfLoRA(Method):
         blocks = inter["intermediates"]["Transformer"]
         x = [blocks[f"encoderblock_{b}"]["LayerNorm_0"]["__call__"][0] for b in self.blocks]
         return jnp.stack(x).astype(jnp.float32)
-
-    def forward(
-        self,
-        net: Network,
-        trainable: Params,
-        frozen: Params,
-        state: Params,
-        images: jax.Array,
-        task: TaskSpec,
-    ) -> tuple[jax.Array, jax.Array | None]:
-        params = self.params(trainable, frozen, state, task.index)
-        return self.net.apply(params, images, task.head_sizes)[0], None
-
-    def predict(
-        self,
-        net: Network,
-        trainable: Params,
-        frozen: Params,
-        state: Params,
-        images: jax.Array,
-        task: TaskSpec,
-    ) -> tuple[dict[str, jax.Array], jax.Array]:
-        params = self.params(trainable, frozen, state, task.index)
-        logits = mask_unseen(self.net.apply(params, images, task.head_sizes)[0], task)
-        return {"model": softmax_probs(logits)}, logits

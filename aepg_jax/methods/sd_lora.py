@@ -42,15 +42,14 @@ import numpy as np
 from flax import traverse_util
 
 from aepg_jax.methods.base import (
+    ComposedParams,
     Method,
     Network,
     Params,
     TaskContext,
     TaskSpec,
     heads_of,
-    mask_unseen,
     out_of_depth_problems,
-    softmax_probs,
 )
 from aepg_jax.models import partition
 
@@ -97,7 +96,7 @@ def _frobenius(x: jax.Array) -> jax.Array:
     return jnp.sqrt(jnp.sum(jnp.square(x), axis=(-2, -1)))
 
 
-class SDLoRA(Method):
+class SDLoRA(ComposedParams, Method):
     """Scalable decoupled LoRA: new direction per task, learned magnitudes of all of them."""
 
     name = "sd_lora"
@@ -260,28 +259,3 @@ class SDLoRA(Method):
                 flat[(*attn, f"{target}_B")] = jnp.moveaxis(b[:, i], 0, 1).reshape(d, big_t * r)
                 flat[(*attn, f"{target}_scale")] = jnp.ones((), jnp.float32)
         return partition.merge(heads_of(trainable), traverse_util.unflatten_dict(flat))
-
-    def forward(
-        self,
-        net: Network,
-        trainable: Params,
-        frozen: Params,
-        state: Params,
-        images: jax.Array,
-        task: TaskSpec,
-    ) -> tuple[jax.Array, jax.Array | None]:
-        params = self.params(trainable, frozen, state, task.index)
-        return self.net.apply(params, images, task.head_sizes)[0], None
-
-    def predict(
-        self,
-        net: Network,
-        trainable: Params,
-        frozen: Params,
-        state: Params,
-        images: jax.Array,
-        task: TaskSpec,
-    ) -> tuple[dict[str, jax.Array], jax.Array]:
-        params = self.params(trainable, frozen, state, task.index)
-        logits = mask_unseen(self.net.apply(params, images, task.head_sizes)[0], task)
-        return {"model": softmax_probs(logits)}, logits
