@@ -55,8 +55,9 @@ from aepg_jax.methods.base import (
     Params,
     TaskContext,
     TaskSpec,
+    block_problems,
+    cut_blocks,
     heads_of,
-    out_of_depth_problems,
 )
 from aepg_jax.models import partition, vit
 from aepg_jax.system import progress
@@ -73,11 +74,6 @@ INFLORA_SETTINGS: dict[str, Any] = {
 }
 KEY = "inflora"  # top-level key of the B leaves in the trainable tree (`lora/` -> peft label)
 _ATTN = "MultiHeadDotProductAttention_0"
-
-
-def cut_blocks(blocks, depth: int) -> tuple[int, ...]:
-    """The blocks below the model's depth (the default names blocks 0-4; tiny ViTs have fewer)."""
-    return tuple(int(b) for b in blocks if int(b) < depth)
 
 
 def _backbone_cfg(
@@ -155,19 +151,8 @@ class InfLoRA(ComposedParams, Method):
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
         m, p = cfg.method, []
-        blocks = tuple(m.inflora_blocks)
-        if not all(isinstance(b, int) and b >= 0 for b in blocks) or len(set(blocks)) != len(
-            blocks
-        ):
-            p.append(f"method.inflora_blocks={blocks} must be distinct block indices >= 0.")
-        elif m.name == cls.name and not cut_blocks(blocks, cfg.model.depth):
-            p.append(
-                f"method.inflora_blocks={blocks} has no block below model.depth={cfg.model.depth}."
-            )
-        elif m.name == cls.name:
-            p += out_of_depth_problems(
-                "inflora_blocks", blocks, cfg.model.depth, cls.defaults["inflora_blocks"]
-            )
+        blocks, default = tuple(m.inflora_blocks), cls.defaults["inflora_blocks"]
+        p += block_problems("inflora_blocks", blocks, cfg.model.depth, default, m.name == cls.name)
         r = m.inflora_rank
         if not (isinstance(r, int) and not isinstance(r, bool) and r >= 1):
             p.append(f"method.inflora_rank={r!r} must be an integer >= 1.")

@@ -77,9 +77,7 @@ def split_kv(p: jax.Array) -> tuple[jax.Array, jax.Array]:
     return p[..., :half, :], p[..., half:, :]
 
 
-def cut_blocks(blocks: Sequence[int], depth: int) -> tuple[int, ...]:
-    """The blocks below the model's depth (defaults name blocks 0-4, the tiny ViT has 4)."""
-    return tuple(int(b) for b in blocks if int(b) < depth)
+cut_blocks, block_problems = base.cut_blocks, base.block_problems
 
 
 def uniform(key: jax.Array, shape: tuple[int, ...], low: float, high: float) -> jax.Array:
@@ -97,18 +95,6 @@ def concat_prefixes(*parts: vit.Prefixes) -> vit.Prefixes:
                 pv = jnp.concatenate([out[block][1], pv], axis=1)
             out[block] = (pk, pv)
     return out
-
-
-def block_problems(
-    field: str, blocks: Sequence[int], depth: int, default: Sequence[int] | None = None
-) -> list[str]:
-    """Problems with a `method.<field>` block list: ints >= 0, distinct, one below the depth;
-    a list other than the `default` (which is cut at the depth) all below the depth."""
-    if not all(isinstance(b, int) and b >= 0 for b in blocks) or len(set(blocks)) != len(blocks):
-        return [f"method.{field}={tuple(blocks)} must be distinct block indices >= 0."]
-    if not cut_blocks(blocks, depth):
-        return [f"method.{field}={tuple(blocks)} has no block below model.depth={depth}."]
-    return base.out_of_depth_problems(field, blocks, depth, default)
 
 
 def positive_int_problems(m: ml_collections.ConfigDict, fields: Sequence[str]) -> list[str]:

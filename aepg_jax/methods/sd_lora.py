@@ -48,8 +48,9 @@ from aepg_jax.methods.base import (
     Params,
     TaskContext,
     TaskSpec,
+    block_problems,
+    cut_blocks,
     heads_of,
-    out_of_depth_problems,
 )
 from aepg_jax.models import partition
 
@@ -72,11 +73,6 @@ KEY = "sd_lora"  # top-level key of the LoRA leaves in the trainable tree (`lora
 _ATTN = "MultiHeadDotProductAttention_0"
 _TARGETS = ("query", "value")
 _PAIRS = (("A_q", "B_q", "query"), ("A_v", "B_v", "value"))
-
-
-def cut_blocks(blocks, depth: int) -> tuple[int, ...]:
-    """The blocks below the model's depth (the default names 12; tiny ViTs have fewer)."""
-    return tuple(int(b) for b in blocks if int(b) < depth)
 
 
 def task_ranks(rank: int, steps, num_tasks: int) -> tuple[int, ...]:
@@ -138,19 +134,8 @@ class SDLoRA(ComposedParams, Method):
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
         m, p = cfg.method, []
-        blocks = tuple(m.sd_lora_blocks)
-        if not all(isinstance(b, int) and b >= 0 for b in blocks) or len(set(blocks)) != len(
-            blocks
-        ):
-            p.append(f"method.sd_lora_blocks={blocks} must be distinct block indices >= 0.")
-        elif m.name == cls.name and not cut_blocks(blocks, cfg.model.depth):
-            p.append(
-                f"method.sd_lora_blocks={blocks} has no block below model.depth={cfg.model.depth}."
-            )
-        elif m.name == cls.name:
-            p += out_of_depth_problems(
-                "sd_lora_blocks", blocks, cfg.model.depth, cls.defaults["sd_lora_blocks"]
-            )
+        blocks, default = tuple(m.sd_lora_blocks), cls.defaults["sd_lora_blocks"]
+        p += block_problems("sd_lora_blocks", blocks, cfg.model.depth, default, m.name == cls.name)
         r = m.sd_lora_rank
         if not (isinstance(r, int) and not isinstance(r, bool) and r >= 1):
             p.append(f"method.sd_lora_rank={r!r} must be an integer >= 1.")
