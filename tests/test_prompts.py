@@ -253,15 +253,15 @@ def test_coda_checks_name_their_field():
 def test_coda_heads_start_as_torch_linear_and_every_other_methods_as_before():
     """CODA-P's heads: its reference's nn.Linear init by default, `normal` on request; RanPAC's
     and EASE's cosine classifiers their references' U(+-1/sqrt(D)); every other method keeps
-    N(0, 0.001^2) (docs/algorithm.md §18)."""
+    N(0, 0.001^2) (docs/algorithm.md §18), but SD-LoRA's, its reference's `SimpleLinear`."""
     from aepg_jax import methods
 
     assert coda_prompt.CodaPrompt(_method_config("coda_prompt")).head_init == "uniform"
     normal = _method_config("coda_prompt", coda_head_init="normal")
     assert coda_prompt.CodaPrompt(normal).head_init == "normal"
-    uniform = ("coda_prompt", "ranpac", "ease")
+    own = {"coda_prompt": "uniform", "ranpac": "uniform", "ease": "uniform", "sd_lora": "linear"}
     for name, cls in methods.REGISTRY.items():
-        expected = "uniform" if name in uniform else "normal"
+        expected = own.get(name, "normal")
         assert cls(_method_config(name)).head_init == expected, name
 
 
