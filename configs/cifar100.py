@@ -19,9 +19,9 @@ with `--config.model.checkpoint=$CKPT` (required), or a published backbone with 
 
     CKPT=/path/to/B_16-i21k-300ep-...-res_224.npz
 
-The baselines' runs of this config are data (`aepg_jax/experiments/baselines.py`, experiments
-`coda_prompt`, `inflora`, `aper`, `ease`, `ranpac`, `sd_lora`, `slca`, `hide_prompt`); list them
-with their `aepg_jax.main` commands:
+The baselines' runs of this config are data (`aepg_jax/experiments/baselines.py` and
+`field_methods.py`, experiments `coda_prompt`, `inflora`, `aper`, `ease`, `ranpac`, `sd_lora`,
+`slca`, `hide_prompt`); list them with their `aepg_jax.main` commands:
 
     python -m aepg_jax.sweep --experiment=coda_prompt --where=config=cifar100 --list
     python -m aepg_jax.sweep --experiment=inflora --where=config=cifar100 --list

@@ -33,8 +33,9 @@ Resize(256) + CenterCrop(224), as PILOT's. Weights: the augreg `B_16-i21k-300ep-
 
     CKPT=/path/to/B_16-i21k-300ep-...-res_224.npz
 
-The baselines' runs of this config are data (`aepg_jax/experiments/baselines.py`, experiments
-`pilot`, `aper`, `ease`, `ranpac`, `sd_lora`); list them with their `aepg_jax.main` commands:
+The baselines' runs of this config are data (`aepg_jax/experiments/baselines.py` and
+`field_methods.py`, experiments `pilot`, `aper`, `ease`, `ranpac`, `sd_lora`); list them with their
+`aepg_jax.main` commands:
 
     python -m aepg_jax.sweep --experiment=pilot --where=config=pilot --list
     python -m aepg_jax.sweep --experiment=aper --where=config=pilot --list

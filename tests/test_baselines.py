@@ -1,8 +1,8 @@
-"""The baselines' experiments (aepg_jax/experiments/baselines.py) and their configs (cifar100.py,
-domainnet.py, pilot.py): every run builds and validates with its overrides in place, every
-table cell selects runs, `aepg_jax.sweep --list` lists each experiment, the configs' arguments
-reach their fields and bad ones are one line; slow: a demo run through `aepg_jax.sweep` and
-`aepg_jax.tables`."""
+"""The baselines' and the field's experiments (aepg_jax/experiments/baselines.py,
+field_methods.py) and their configs (cifar100.py, domainnet.py, pilot.py): every run builds and
+validates with its overrides in place, every table cell selects runs, `aepg_jax.sweep --list`
+lists each experiment, the configs' arguments reach their fields and bad ones are one line;
+slow: a demo run through `aepg_jax.sweep` and `aepg_jax.tables`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from test_configs import build, fill_user_inputs, get, load, validate
 
 from aepg_jax import experiments
 from aepg_jax.config import schema
-from aepg_jax.experiments import baselines, layout, registry
+from aepg_jax.experiments import baselines, field_methods, layout, registry
 from aepg_jax.sweep import preflight, sweep
 from aepg_jax.tables import tables
 
@@ -116,7 +116,8 @@ def test_config_builds_validates_and_its_docstring_lists_its_runs(filename):
     doc = load(filename).__doc__
     commands = re.findall(r"python -m aepg_jax\.sweep --experiment=(\w+) --where=(\S+) --list", doc)
     assert commands
-    named = {e.name for e in baselines.EXPERIMENTS if any(r.stem == stem for r in e.runs())}
+    every = (*baselines.EXPERIMENTS, *field_methods.EXPERIMENTS)
+    named = {e.name for e in every if any(r.stem == stem for r in e.runs())}
     assert {n for n, _ in commands} == named
     for name, where in commands:
         runs = experiments.filter_runs(registry.get(name).runs(), where)
@@ -240,7 +241,7 @@ def test_ease_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
             got = get(cfg, field)
             assert (got if isinstance(got, str) else float(got)) == _typed(value), (run, field)
         assert cfg.method.name == "ease" and cfg.optim.peft_freeze_epochs == 0
-        assert cfg.model.weights == baselines.EASE_IN21K
+        assert cfg.model.weights == field_methods.EASE_IN21K
         o = cfg.optim  # the configs' SGD, cosine annealing to 0 per epoch; ToTensor inputs
         assert (o.optimizer, o.momentum, o.lr_schedule) == ("sgd", 0.9, "cosine_annealing")
         assert cfg.input.normalize == "none"

@@ -1,5 +1,5 @@
 """The experiments by name: the paper's tables and figures, the demo, the baselines' papers
-(`baselines.py`), or a user's file.
+(`baselines.py`), the field's methods (`field_methods.py`), or a user's file.
 
 `get` is what `--experiment=NAME` of `aepg_jax.sweep` and `aepg_jax.tables` resolves.
 """
@@ -10,14 +10,15 @@ import importlib.util
 import pathlib
 
 from aepg_jax.config import command_line
-from aepg_jax.experiments import baselines, paper
+from aepg_jax.experiments import baselines, field_methods, paper
 from aepg_jax.experiments.spec import Experiment
 
 
 def registry() -> dict[str, Experiment]:
-    """The paper's experiments, the demo, and the baselines' papers (with their demos), by
-    name."""
-    return {e.name: e for e in (*paper.EXPERIMENTS, *baselines.EXPERIMENTS)}
+    """The paper's experiments, the demo, the baselines' and the field's papers (with their
+    demos), by name."""
+    every = (*paper.EXPERIMENTS, *baselines.EXPERIMENTS, *field_methods.EXPERIMENTS)
+    return {e.name: e for e in every}
 
 
 def listing() -> str:
