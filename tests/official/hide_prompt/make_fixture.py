@@ -52,6 +52,9 @@ from types import SimpleNamespace
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests" / "official"))
+import fixture_data  # noqa: E402
+
 OUT = ROOT / "tests" / "fixtures" / "official_hide_prompt.npz"
 WEIGHTS = ROOT / "tests" / "fixtures" / "timm_tiny_vit.safetensors"
 
@@ -64,29 +67,9 @@ MOMENTUM, REG = 0.1, 0.5
 
 
 def make_data():
-    rng = np.random.default_rng(0)
-    classes = TASKS * PER_TASK
-    colours = rng.integers(40, 216, (classes, 3))
-
-    def images(n):
-        x, y = [], []
-        for c in range(classes):
-            noise = rng.normal(0, 40, (n, SIZE, SIZE, 3))
-            x.append(np.clip(colours[c] + noise, 0, 255).astype(np.uint8))
-            y += [c] * n
-        return np.concatenate(x), np.asarray(y, np.int32)
-
-    xtr, ytr = images(TRAIN_PER)
-    xte, yte = images(TEST_PER)
-    n_task = PER_TASK * TRAIN_PER
-    epochs = max(EPOCHS, TII_EPOCHS)
-    orders = np.stack(
-        [
-            np.stack([t * n_task + rng.permutation(n_task) for _ in range(epochs)])
-            for t in range(TASKS)
-        ]
-    )  # (T, E, n_task) indices into the training set
-    return xtr, ytr, xte, yte, orders
+    return fixture_data.make_data(
+        TASKS, PER_TASK, SIZE, TRAIN_PER, TEST_PER, max(EPOCHS, TII_EPOCHS)
+    )
 
 
 def main() -> None:
