@@ -43,15 +43,27 @@ def _typed(value):
         return value
 
 
+def _built(run):
+    """`run`'s config, built and validated, with each of its grid overrides in place: a string
+    field equal to it, a tuple field equal to it as written (spaces aside), a number equal."""
+    unit = layout.Unit((run,))
+    cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
+    validate(cfg)
+    for field, value in run.overrides:
+        got = get(cfg, field)
+        if isinstance(got, str):
+            assert got == value, (run, field)
+        elif isinstance(got, (tuple, list)):
+            assert str(tuple(got)).replace(" ", "") == value.replace(" ", ""), (run, field)
+        else:
+            assert float(got) == float(value), (run, field)
+    return cfg
+
+
 @pytest.mark.parametrize("name", NAMES[:3])
 def test_every_run_builds_and_validates_with_its_overrides(name):
     for run in registry.get(name).runs():
-        unit = layout.Unit((run,))
-        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
-        validate(cfg)
-        for field, value in run.overrides:
-            got = get(cfg, field)
-            assert (got if isinstance(got, str) else float(got)) == _typed(value), (run, field)
+        cfg = _built(run)
         assert cfg.method.name == run.value("method") and cfg.loss.name == "ce"
 
 
@@ -192,12 +204,7 @@ def test_aper_runs_validate_with_the_official_settings():
     runs = registry.get("aper").runs()
     losses = {}
     for run in runs:
-        unit = layout.Unit((run,))
-        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
-        validate(cfg)
-        for field, value in run.overrides:
-            got = get(cfg, field)
-            assert str(got).replace(" ", "") == value or float(got) == _typed(value), (run, field)
+        cfg = _built(run)
         assert cfg.input.normalize == "none"
         assert cfg.model.weights == "vit_base_patch16_224.augreg_in21k"
         vtab = run.value("dataset") == "vtab"
@@ -234,12 +241,7 @@ def test_ease_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
     assert len(commands) == len(runs) == 6 * 2 * 5
     losses = set()
     for run in runs:
-        unit = layout.Unit((run,))
-        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
-        validate(cfg)
-        for field, value in run.overrides:
-            got = get(cfg, field)
-            assert (got if isinstance(got, str) else float(got)) == _typed(value), (run, field)
+        cfg = _built(run)
         assert cfg.method.name == "ease" and cfg.optim.peft_freeze_epochs == 0
         assert cfg.model.weights == field_methods.EASE_IN21K
         o = cfg.optim  # the configs' SGD, cosine annealing to 0 per epoch; ToTensor inputs
@@ -265,9 +267,7 @@ def test_ranpac_runs_build_with_its_settings_in_both_losses():
     runs = registry.get("ranpac").runs()
     assert {r.value("loss") for r in runs} == {"ce", "aepg"}
     for run in runs:
-        unit = layout.Unit((run,))
-        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
-        validate(cfg)
+        cfg = _built(run)
         assert cfg.method.name == "ranpac" and cfg.method.ranpac_m == 10000
         assert (cfg.optim.batch_size, cfg.optim.epochs, cfg.model.peft.kind) == (48, 20, "adapter")
         assert tuple(cfg.model.peft.blocks) == tuple(range(12)) and cfg.model.peft.adapter_dim == 64
@@ -294,12 +294,7 @@ def test_sd_lora_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
     assert len(commands) == len(runs) == 5 * 2 * 5
     losses = set()
     for run in runs:
-        unit = layout.Unit((run,))
-        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
-        validate(cfg)
-        for field, value in run.overrides:
-            got = get(cfg, field)
-            assert (got if isinstance(got, str) else float(got)) == _typed(value), (run, field)
+        cfg = _built(run)
         assert cfg.method.name == "sd_lora" and cfg.method.sd_lora_rank == 10
         assert cfg.model.weights == "vit_base_patch16_224.augreg2_in21k_ft_in1k"
         o = cfg.optim
@@ -336,9 +331,7 @@ def test_slca_lists_builds_and_tabulates_its_runs(tmp_path, capsys):
     runs = registry.get("slca").runs()
     assert {r.value("loss") for r in runs} == {"ce", "aepg"}
     for run in runs[:: max(1, len(runs) // 3)]:  # one run per benchmark
-        unit = layout.Unit((run,))
-        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
-        validate(cfg)
+        cfg = _built(run)
         o = cfg.optim
         assert cfg.method.name == "slca" and cfg.model.peft.kind == "none"
         assert (o.optimizer, o.learning_rate, o.weight_decay, o.batch_size) == (
@@ -368,9 +361,7 @@ def test_hide_prompt_runs_build_with_its_settings_in_both_losses(tmp_path, capsy
     }
     losses = set()
     for run in runs:
-        unit = layout.Unit((run,))
-        cfg = fill_user_inputs(preflight.load_config(unit.config_arg, unit.overrides()))
-        validate(cfg)
+        cfg = _built(run)
         o, m = cfg.optim, cfg.method
         assert m.name == "hide_prompt" and cfg.data.num_tasks == 10
         assert (cfg.input.normalize, tuple(cfg.data.crop_scale)) == ("none", (0.05, 1.0))
