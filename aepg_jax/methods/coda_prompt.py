@@ -41,7 +41,7 @@ import ml_collections
 import numpy as np
 
 from aepg_jax.methods import prompting
-from aepg_jax.methods.base import Params
+from aepg_jax.methods.base import Params, block_problems
 from aepg_jax.models import head, vit
 
 _RESTART_NORM = 1e-4  # a fresh vector this close to the span of the earlier rows is redrawn
@@ -121,7 +121,7 @@ class CodaPrompt(prompting.PromptMethod):
         if m.coda_head_init not in head.INITS:
             p.append(f"method.coda_head_init={m.coda_head_init!r}: use one of {head.INITS}.")
         if m.name == cls.name:
-            p += prompting.block_problems(
+            p += block_problems(
                 "coda_blocks", m.coda_blocks, cfg.model.depth, cls.defaults["coda_blocks"]
             )
             if not p and m.coda_pool_size < cfg.data.num_tasks:

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from aepg_jax.methods import prompting
-from aepg_jax.methods.base import Params, TaskContext, TaskSpec
+from aepg_jax.methods.base import Params, TaskContext, TaskSpec, block_problems
 from aepg_jax.models import vit
 
 # DualPrompt's reference run (dualprompt-pytorch main.py, configs/imr_dualprompt.py): Adam at
@@ -80,7 +80,7 @@ class DualPrompt(prompting.PromptMethod):
             p.append(f"method.dualprompt_pull_weight={m.dualprompt_pull_weight} must be >= 0.")
         if m.name == cls.name:
             for field in ("dualprompt_g_blocks", "dualprompt_e_blocks"):
-                p += prompting.block_problems(field, m[field], cfg.model.depth, cls.defaults[field])
+                p += block_problems(field, m[field], cfg.model.depth, cls.defaults[field])
             if not p and m.dualprompt_pool_size < cfg.data.num_tasks:
                 p.append(
                     f"method.dualprompt_pool_size={m.dualprompt_pool_size} must be >= "

@@ -241,7 +241,7 @@ class HiDePrompt(prompting.PromptMethod):
                 "variance."
             )
         if m.name == cls.name:
-            p += prompting.block_problems(
+            p += base.block_problems(
                 "hide_prompt_blocks",
                 m.hide_prompt_blocks,
                 cfg.model.depth,

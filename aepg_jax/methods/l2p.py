@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from aepg_jax.methods import prompting
-from aepg_jax.methods.base import Params
+from aepg_jax.methods.base import Params, block_problems
 from aepg_jax.models import vit
 
 
@@ -63,7 +63,7 @@ class L2P(prompting.PromptMethod):
         if not m.l2p_match_weight >= 0:
             p.append(f"method.l2p_match_weight={m.l2p_match_weight} must be >= 0.")
         if m.name == cls.name:
-            p += prompting.block_problems(
+            p += block_problems(
                 "l2p_blocks", m.l2p_blocks, cfg.model.depth, cls.defaults["l2p_blocks"]
             )
         return p

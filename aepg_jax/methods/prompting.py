@@ -77,9 +77,6 @@ def split_kv(p: jax.Array) -> tuple[jax.Array, jax.Array]:
     return p[..., :half, :], p[..., half:, :]
 
 
-cut_blocks, block_problems = base.cut_blocks, base.block_problems
-
-
 def uniform(key: jax.Array, shape: tuple[int, ...], low: float, high: float) -> jax.Array:
     """U(low, high) float32 (torch's `uniform_` default is U(0, 1))."""
     return jax.random.uniform(key, shape, jnp.float32, low, high)
@@ -121,7 +118,7 @@ class PromptMethod(Method):
 
     def blocks(self, field: str) -> tuple[int, ...]:
         """`method.<field>` cut at the model's depth."""
-        return cut_blocks(self.cfg.method[field], self.cfg.model.depth)
+        return base.cut_blocks(self.cfg.method[field], self.cfg.model.depth)
 
     def init_prompts(self, key: jax.Array) -> Params:
         """The method's prompt leaves (fixed shapes for the whole run)."""
