@@ -136,6 +136,34 @@ def test_a_failed_write_is_said_once_and_ends_the_writes(tmp_path, monkeypatch, 
     assert store.get("a") == b"a" * 100  # still read
 
 
+# Writes and reads 20 keys 300 times over in the store argv[1]; prints the lines it said, the
+# damaged entries it met and the reads that returned another key's payload.
+RACE = textwrap.dedent("""
+    import json, sys
+    from aepg_jax.system import xla_store
+    lines = []
+    store = xla_store.Store.open(sys.argv[1], 2**16, lines.append)
+    payload = lambda j: f"k{j}".encode() * (100 + 37 * j)
+    wrong = 0
+    for i in range(300):
+        store.put(f"k{i % 20}", payload(i % 20))
+        got = store.get(f"k{i * 7 % 20}")
+        wrong += got is not None and got != payload(i * 7 % 20)
+    print(json.dumps({"lines": lines, "damaged": store.damaged, "wrong": wrong}))
+""")
+
+
+def test_processes_writing_and_evicting_at_once_never_read_part_of_an_entry(tmp_path):
+    """Three processes write, overwrite, evict (64 KiB hold about 20 entries) and read the same
+    keys at once: every read is a whole entry or a miss."""
+    cache = str(tmp_path / "xla")
+    cmd = [sys.executable, "-c", RACE, cache]
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    assert outs == [{"lines": [], "damaged": 0, "wrong": 0}] * 3
+    assert all(name.endswith(".xla") for name in os.listdir(cache))  # no temporary file left
+
+
 def test_a_cache_path_that_is_a_file_is_said_and_not_used(tmp_path):
     file = tmp_path / "xla"
     file.write_text("not a directory")
