@@ -25,12 +25,15 @@ place and keeps any file already under its key, so a truncated or overwritten en
 decompress on every later run (one raw warning per program) and is never replaced; it takes a
 `.lockfile` in the directory for every read, so a read-only cache is never read (one
 `PermissionError` warning per read and write); and its errors name neither the cause nor the
-directory. jax 0.10 has no public hook for a cache backend: it builds its backend once, at the
-first compilation, by calling `jax._src.compilation_cache.get_file_cache(path)`, which `enable`
-replaces (`_install`) by one returning the store (wrapped in jax's `VerificationCache` when
+directory. Checking jax's entries before jax reads them would fix none of that: they carry
+no checksum, jax would still not replace them, and its lock would still be taken. jax 0.10 has
+no public hook for a cache backend: it builds its backend once, at the first compilation, by
+calling `jax._src.compilation_cache.get_file_cache(path)`, which `enable` replaces (`_install`)
+by one returning the store (wrapped in jax's `VerificationCache` when
 `jax_compilation_cache_check_contents` asks for it). Where that function is missing (another
-jax version) jax's own cache is used, as before. Only that private function is relied on: the
-entries' payload is jax's, read and written through its public `get`/`put` interface.
+jax version) jax's own cache is used, as before. Only that function is relied on: the entries'
+payload is jax's, passed through the two methods jax calls on a backend, `get(key)` and
+`put(key, bytes)`.
 
 A cached executable is the one XLA compiled: the results are the same with and without it.
 """
