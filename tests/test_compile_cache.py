@@ -278,3 +278,13 @@ def test_a_full_disk_and_a_file_for_a_cache_are_said_once_and_the_run_goes_on(tm
     out, err = _run(str(disk), ["unshare", "-rm", "sh", "-c", TINY_DISK, str(disk)])
     assert out["out"] == without["out"]
     assert len(err) == 1 and f"{disk}: the disk is full" in err[0]
+
+
+def test_a_launched_run_says_it_from_process_0_alone(monkeypatch, capsys):
+    from aepg_jax.launch import launch
+
+    for process, said in (("0", True), ("1", False)):
+        monkeypatch.setenv(launch.ENV_PROCESS_ID, process)
+        xla_cache.say("compilation cache /x is read-only")
+        err = capsys.readouterr().err
+        assert err == ("warning: compilation cache /x is read-only\n" if said else "")
