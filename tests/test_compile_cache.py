@@ -1,25 +1,33 @@
-"""The persistent compilation cache (`system/xla_cache.py`): where it is, that processes share
-one directory, and that a program read back computes what the compiled one did."""
+"""The persistent compilation cache (`system/xla_cache.py`, its files `system/xla_store.py`):
+where it is, that processes share one directory, that a program read back computes what the
+compiled one did, and that a damaged entry, a read-only directory, a full disk or a path that
+is a file each end in one `warning:` line (never a traceback or jax's own warnings) while the
+run goes on."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
-from aepg_jax.system import xla_cache
+import pytest
+
+from aepg_jax.system import xla_cache, xla_store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Compiles three programs (counted by `compiles.Counter`) with the cache in argv[1] and prints
-# the counter's summary and the results.
+# the counter's summary, the results and the class of jax's cache backend.
 SCRIPT = textwrap.dedent("""
     import json, sys
     from aepg_jax.system import compiles, xla_cache
     xla_cache.enable(xla_cache.directory(sys.argv[1]))
     import jax, jax.numpy as jnp, numpy as np
+    from jax._src import compilation_cache
     x = np.linspace(0.0, 1.0, 64, dtype=np.float32).reshape(8, 8)
     with compiles.Counter() as counter:
         out = [
@@ -27,7 +35,10 @@ SCRIPT = textwrap.dedent("""
             jax.jit(lambda a: jnp.exp(a) / jnp.exp(a).sum())(x),
             jax.jit(lambda a, b: jnp.sin(a) * b)(x, x),
         ]
-    print(json.dumps({"summary": counter.summary(), "out": [o.tolist() for o in out]}))
+    backend = type(compilation_cache._cache).__name__
+    print(json.dumps({
+        "summary": counter.summary(), "out": [o.tolist() for o in out], "backend": backend,
+    }))
 """)
 
 
@@ -64,3 +75,216 @@ def test_processes_share_one_cache_and_read_back_what_they_compiled(tmp_path):
     assert without["summary"]["cached"] == 0
     for out in (*outs, again):
         assert out["out"] == without["out"]  # bit for bit
+
+
+# --- the store: whole entries only, problems in one line ---------------------------------------
+
+
+def _store(tmp_path, max_bytes: int = 2**20) -> tuple[xla_store.Store, list[str]]:
+    lines: list[str] = []
+    store = xla_store.Store.open(str(tmp_path / "xla"), max_bytes, lines.append)
+    assert store is not None
+    return store, lines
+
+
+def test_a_damaged_entry_is_a_miss_said_once_and_written_again(tmp_path):
+    store, lines = _store(tmp_path)
+    for key in ("a", "b"):
+        store.put(key, key.encode() * 1000)
+        assert store.get(key) == key.encode() * 1000
+    a, b = (os.path.join(store.path, f"{key}.xla") for key in ("a", "b"))
+    os.truncate(a, os.path.getsize(a) - 1)  # truncated
+    with open(b, "wb") as f:
+        f.write(b"garbage")  # overwritten
+    assert store.get("a") is None and store.get("b") is None
+    assert len(lines) == 1 and "damaged entry a.xla" in lines[0] and store.path in lines[0]
+    assert not os.path.exists(a) and not os.path.exists(b)  # dropped
+    store.put("a", b"a" * 1000)
+    assert store.get("a") == b"a" * 1000
+    assert sorted(os.listdir(store.path)) == ["a.xla"]  # no temporary file left
+
+
+class _Failing:
+    """A file whose writes fail with `code` (a full disk: ENOSPC)."""
+
+    def __init__(self, path, mode, code):
+        self.file, self.code = open(path, mode), code
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+    def write(self, data):
+        raise OSError(self.code, os.strerror(self.code))
+
+
+@pytest.mark.parametrize(
+    "code, said", [(errno.ENOSPC, "the disk is full"), (errno.EROFS, "is read-only")]
+)
+def test_a_failed_write_is_said_once_and_ends_the_writes(tmp_path, monkeypatch, code, said):
+    store, lines = _store(tmp_path)
+    store.put("a", b"a" * 100)
+    monkeypatch.setattr(xla_store, "open", lambda p, m: _Failing(p, m, code), raising=False)
+    for key in ("b", "c"):
+        store.put(key, b"x" * 100)
+    assert len(lines) == 1 and said in lines[0] and store.path in lines[0]
+    assert not store.writable
+    assert os.listdir(store.path) == ["a.xla"]  # no partial file
+    monkeypatch.undo()
+    assert store.get("a") == b"a" * 100  # still read
+
+
+# Writes and reads 20 keys 300 times over in the store argv[1]; prints the lines it said, the
+# damaged entries it met and the reads that returned another key's payload.
+RACE = textwrap.dedent("""
+    import json, sys
+    from aepg_jax.system import xla_store
+    lines = []
+    store = xla_store.Store.open(sys.argv[1], 2**16, lines.append)
+    payload = lambda j: f"k{j}".encode() * (100 + 37 * j)
+    wrong = 0
+    for i in range(300):
+        store.put(f"k{i % 20}", payload(i % 20))
+        got = store.get(f"k{i * 7 % 20}")
+        wrong += got is not None and got != payload(i * 7 % 20)
+    print(json.dumps({"lines": lines, "damaged": store.damaged, "wrong": wrong}))
+""")
+
+
+def test_processes_writing_and_evicting_at_once_never_read_part_of_an_entry(tmp_path):
+    """Three processes write, overwrite, evict (64 KiB hold about 20 entries) and read the same
+    keys at once: every read is a whole entry or a miss."""
+    cache = str(tmp_path / "xla")
+    cmd = [sys.executable, "-c", RACE, cache]
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    assert outs == [{"lines": [], "damaged": 0, "wrong": 0}] * 3
+    assert all(name.endswith(".xla") for name in os.listdir(cache))  # no temporary file left
+
+
+def test_a_cache_path_that_is_a_file_is_said_and_not_used(tmp_path):
+    file = tmp_path / "xla"
+    file.write_text("not a directory")
+    for path, said in ((file, "is a file"), (file / "below", "cannot be created")):
+        lines: list[str] = []
+        assert xla_store.Store.open(str(path), 2**20, lines.append) is None
+        assert len(lines) == 1 and f"{path} {said}" in lines[0]
+
+
+def test_the_least_recently_used_entries_go_beyond_the_size(tmp_path):
+    store, lines = _store(tmp_path, max_bytes=3 * (xla_store.HEADER.size + 1000))
+    foreign = os.path.join(store.path, "jit_f-0123-cache")  # jax's own entry: not touched
+    stale = os.path.join(store.path, ".1-dead.tmp")  # a killed writer's
+    for file in (foreign, stale):
+        with open(file, "wb") as f:
+            f.write(b"x")
+    os.utime(stale, (0, 0))
+    for i, key in enumerate("abc"):
+        store.put(key, key.encode() * 1000)
+        os.utime(os.path.join(store.path, f"{key}.xla"), ns=(i, i))
+    store.get("a")  # used: now the most recent
+    store.put("d", b"d" * 1000)
+    assert sorted(os.listdir(store.path)) == ["a.xla", "c.xla", "d.xla", "jit_f-0123-cache"]
+    assert not lines
+
+
+# --- the real thing: a program compiled, damaged, read back ------------------------------------
+
+
+def _run(directory: str, wrap: list[str] | None = None) -> tuple[dict, list[str]]:
+    """SCRIPT with the cache in `directory` (in `wrap`'s command): its output and stderr lines."""
+    env = {k: v for k, v in os.environ.items() if k != xla_cache.ENV}
+    cmd = [*(wrap or []), sys.executable, "-c", SCRIPT, directory]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout), p.stderr.splitlines()
+
+
+def _entries(directory: str) -> dict[str, bytes | None]:
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            out[name] = xla_store.unpack(f.read())
+    return out
+
+
+@pytest.mark.slow
+def test_a_damaged_entry_is_rewritten_by_the_next_run_and_read_by_the_one_after(tmp_path):
+    cache = str(tmp_path / "xla")
+    first, err = _run(cache)
+    assert first["backend"] == "Store" and first["summary"]["cached"] == 0 and err == []
+    entries = _entries(cache)
+    assert len(entries) == 3 and all(entries.values())
+    truncated, overwritten, _ = (os.path.join(cache, name) for name in entries)
+    os.truncate(truncated, os.path.getsize(truncated) // 2)
+    with open(overwritten, "r+b") as f:
+        f.seek(100)
+        f.write(b"garbage")
+    second, err = _run(cache)
+    assert second["summary"]["cached"] == 1 and second["out"] == first["out"]
+    assert len(err) == 1 and err[0].startswith("warning: compilation cache") and "damaged" in err[0]
+    assert _entries(cache) == entries  # whole again: the same programs
+    third, err = _run(cache)
+    assert third["summary"]["cached"] == 3 and third["out"] == first["out"] and err == []
+
+
+def _user_namespace_mounts() -> bool:
+    return (
+        shutil.which("unshare") is not None
+        and subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
+    )
+
+
+# `unshare -rm sh -c MOUNT DIR cmd...`: cmd in a mount namespace where DIR is MOUNT's.
+READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"'
+TINY_DISK = 'mount -t tmpfs -o size=8k tmpfs "$0" && exec "$@"'
+
+
+@pytest.mark.slow
+def test_a_read_only_cache_is_read_and_said_once(tmp_path):
+    cache = str(tmp_path / "xla")
+    first, _ = _run(cache)
+    before = _entries(cache)
+    if os.geteuid() != 0:
+        os.chmod(cache, 0o555)
+        wrap = []
+    elif _user_namespace_mounts():
+        wrap = ["unshare", "-rm", "sh", "-c", READ_ONLY, cache]
+    else:
+        pytest.skip("root without mount namespaces: no read-only directory to test")
+    try:
+        again, err = _run(cache, wrap)
+    finally:
+        os.chmod(cache, 0o755)
+    assert again["summary"]["cached"] == 3 and again["out"] == first["out"]
+    assert len(err) == 1 and "is read-only" in err[0] and cache in err[0]
+    assert _entries(cache) == before
+
+
+@pytest.mark.slow
+def test_a_full_disk_and_a_file_for_a_cache_are_said_once_and_the_run_goes_on(tmp_path):
+    without, err = _run("0")
+    file = tmp_path / "xla"
+    file.write_text("")
+    out, err = _run(str(file))
+    assert out["out"] == without["out"] and out["summary"]["cached"] == 0
+    assert len(err) == 1 and f"{file} is a file" in err[0]
+    if not _user_namespace_mounts():
+        pytest.skip("no mount namespaces: the full disk is the store's test above")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out, err = _run(str(disk), ["unshare", "-rm", "sh", "-c", TINY_DISK, str(disk)])
+    assert out["out"] == without["out"]
+    assert len(err) == 1 and f"{disk}: the disk is full" in err[0]
+
+
+def test_a_launched_run_says_it_from_process_0_alone(monkeypatch, capsys):
+    from aepg_jax.launch import launch
+
+    for process, said in (("0", True), ("1", False)):
+        monkeypatch.setenv(launch.ENV_PROCESS_ID, process)
+        xla_cache.say("compilation cache /x is read-only")
+        err = capsys.readouterr().err
+        assert err == ("warning: compilation cache /x is read-only\n" if said else "")

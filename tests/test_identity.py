@@ -8,10 +8,12 @@ The saved configs under tests/fixtures/saved_configs/ are config.json of the def
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -142,12 +144,48 @@ def test_a_weights_file_is_its_content_not_its_path(tmp_path):
 def test_digests_are_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
     from aepg_jax.checkpoints import weights
 
+    monkeypatch.setattr(identity, "SETTLED_NS", 0)  # the file was written just now
     a, _ = _weights_pair(tmp_path)
     first = identity.file_digest(str(a))
     assert first == weights.file_sha256(str(a))  # results.json's backbone_source.sha256
     identity._MEMORY.clear()  # a new process: the cache file answers
     monkeypatch.setattr(weights, "file_sha256", lambda path: pytest.fail("hashed again"))
     assert identity.file_digest(str(a)) == first
+
+
+def test_a_same_size_file_copied_with_its_mtime_is_hashed_again(tmp_path, monkeypatch):
+    """`cp -p other weights` keeps the size and sets the old mtime: the inode's ctime still
+    changes, and the digest with it (from memory and from the cache file)."""
+    monkeypatch.setattr(identity, "SETTLED_NS", 0)
+    a, other = tmp_path / "weights.bin", tmp_path / "other.bin"
+    a.write_bytes(b"a" * 4096)
+    other.write_bytes(b"b" * 4096)
+    stamp = a.stat().st_mtime_ns
+    os.utime(other, ns=(stamp, stamp))
+    first = identity.file_digest(str(a))
+    assert first == hashlib.sha256(b"a" * 4096).hexdigest()
+    time.sleep(0.05)  # past the file system's timestamp tick
+    shutil.copy2(other, a)  # what `cp -p` does: rewritten in place, mtime copied
+    assert (a.stat().st_size, a.stat().st_mtime_ns) == (4096, stamp)
+    replaced = hashlib.sha256(b"b" * 4096).hexdigest()
+    assert identity.file_digest(str(a)) == replaced
+    identity._MEMORY.clear()  # a new process: the cache file answers
+    assert identity.file_digest(str(a)) == replaced
+    assert len(json.loads((tmp_path / "digests.json").read_text())) == 1  # the old key left
+
+
+def test_a_file_changed_moments_ago_is_hashed_at_every_call(tmp_path, monkeypatch):
+    """Within `SETTLED_NS` of a change the file may change again under the same key."""
+    from aepg_jax.checkpoints import weights
+
+    a = tmp_path / "weights.bin"
+    a.write_bytes(b"a" * 4096)
+    hashed = []
+    sha256 = weights.file_sha256
+    monkeypatch.setattr(weights, "file_sha256", lambda path: hashed.append(path) or sha256(path))
+    assert identity.file_digest(str(a)) == identity.file_digest(str(a))
+    assert len(hashed) == 2
+    assert not (tmp_path / "digests.json").exists()
 
 
 def test_a_config_saved_before_digests_resumes_and_records_its_digest(tmp_path):

@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import pathlib
+import time
 from typing import Any
 
 # Config fields that do not change a run's result: where its inputs and caches are, how often it
@@ -114,15 +115,26 @@ def _cache_path() -> pathlib.Path:
 
 
 _MEMORY: dict[str, str] = {}
+# A file changed this recently may change again within its timestamps' resolution (a clock tick,
+# or a second or two on some file systems) without changing its key: its digest is not kept.
+SETTLED_NS = 2 * 10**9
+
+
+def _digest_key(real: str, stat: os.stat_result) -> str:
+    """What a changed file changes: size, mtime, and the inode and ctime, which `cp -p` (or
+    any rewrite that restores the mtime) cannot keep."""
+    return f"{real}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}|{stat.st_ctime_ns}"
 
 
 def file_digest(path: str) -> str:
     """sha256 of the file `path` (hex), as `checkpoints.weights.file_sha256` computes it;
-    cached by (real path, size, mtime) in memory and in `AEPG_DIGEST_CACHE`, so that the runs
-    of a sweep hash a 300 MB weights file once."""
+    cached by (real path, size, mtime, inode, ctime) in memory and in `AEPG_DIGEST_CACHE`, so
+    that the runs of a sweep hash a 300 MB weights file once. A file changed less than
+    `SETTLED_NS` ago, or while it was hashed, is hashed again next time."""
     real = os.path.realpath(path)
+    now = time.time_ns()
     stat = os.stat(real)
-    key = f"{real}|{stat.st_size}|{stat.st_mtime_ns}"
+    key = _digest_key(real, stat)
     if key in _MEMORY:
         return _MEMORY[key]
     cache = _cache_path()
@@ -133,18 +145,25 @@ def file_digest(path: str) -> str:
     if not isinstance(known, dict):
         known = {}
     found = known.get(key)
-    if not isinstance(found, str):
-        from aepg_jax.checkpoints import weights
+    if isinstance(found, str):
+        _MEMORY[key] = found
+        return found
+    from aepg_jax.checkpoints import weights
 
-        found = weights.file_sha256(real)
-        known[key] = found
-        try:  # a cache that cannot be written only costs a re-hash next time
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(known))
-            os.replace(tmp, cache)
-        except OSError:
-            pass
+    found = weights.file_sha256(real)
+    settled = now - stat.st_ctime_ns >= SETTLED_NS  # ctime: set by the kernel, at every change
+    if not settled or _digest_key(real, os.stat(real)) != key:
+        return found
+    # The file's earlier keys name content it no longer has.
+    known = {k: v for k, v in known.items() if k.rsplit("|", 4)[0] != real}
+    known[key] = found
+    try:  # a cache that cannot be written only costs a re-hash next time
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, cache)
+    except OSError:
+        pass
     _MEMORY[key] = found
     return found
 
