@@ -324,6 +324,7 @@ def restore(
     restored = ckpt.restore_latest(lambda meta: setup.checkpoint_target(run, meta))
     if restored is None:
         book.rewind(records.Cut(0))  # a run killed before its first checkpoint starts again
+        progress.resumes(None)
         return None, 0, 0
     items, meta = restored
     state = jax.device_put(items["state"], run.replicated)
@@ -341,6 +342,7 @@ def restore(
     else:
         start_task, start_step = meta["task"], run.axis.first(state.task_step)
     logging.info("Resuming at task %d, step %d.", start_task, start_step)
+    progress.resumes(_resume_point(run, start_task, start_step))
     if run.is_main:
         if start_task >= run.num_tasks:
             line = (
@@ -352,6 +354,17 @@ def restore(
             line = f"resuming from {ckpt.directory}: task {start_task + 1}, step {start_step}"
         tqdm.tqdm.write(line)
     return state, start_task, start_step
+
+
+def _resume_point(run: Run, task: int, step: int) -> str:
+    """What the same command does from a checkpoint at `step` of `task` (0-based; step 0: the
+    task's start, task T: the run is finished), for the line a second Ctrl-C prints."""
+    if task >= run.num_tasks:
+        return "the run is finished"
+    if step == 0:
+        return f"task {task + 1}/{run.num_tasks} starts over"
+    total = plan_task(run.cfg, run.data.tasks.tasks[task]).total_steps
+    return f"it resumes at task {task + 1}/{run.num_tasks}, step {step}/{total}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -565,6 +578,7 @@ def train_task(
         check_finite(run, state, t, ckpt)
         global_step = run.axis.first(state.global_step)
         items, meta = {"state": state}, book.meta(t, "in_task", step // plan.steps_per_epoch)
+        progress.saving(_resume_point(run, t, step))
         if signum:
             bar.close()
             where = f"at task {t + 1}/{run.num_tasks}, step {step}/{plan.total_steps}"
@@ -782,8 +796,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
                 memory.release_free_pages()
                 step = r.axis.first(state.global_step)
                 book.record_eval(t, step, results)
+                progress.saving(_resume_point(r, t + 1, 0))
                 ckpt.save(step, {"state": state}, book.meta(t, "task_done", 0))
                 ckpt.wait()
+                progress.saved()
                 start_step = 0
             ckpt.wait()
             finished = start_task >= r.num_tasks  # before this process: its results stay
@@ -791,7 +807,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
             if r.is_main:
                 print(counter.line())
             return out
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a second Ctrl-C (system/preemption.py)
+            progress.saved(pending_done=not ckpt.saving())  # what the rerun resumes from
             ckpt.abandon()  # the process ends at once (checkpointing.Checkpointer.abandon)
             raise
         finally:

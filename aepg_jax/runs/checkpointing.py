@@ -328,6 +328,10 @@ class Checkpointer:
             )
         return None
 
+    def saving(self) -> bool:
+        """Whether an asynchronous save is still being written (not yet on disk)."""
+        return bool(self._manager.is_saving_in_progress())
+
     def abandon(self) -> None:
         """Ctrl-C: `close` then waits for nothing. The process ends at once (`aepg_jax.main`),
         a pending save is left unfinished (a temporary directory no restore reads): the
