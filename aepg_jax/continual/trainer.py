@@ -324,7 +324,6 @@ def restore(
     restored = ckpt.restore_latest(lambda meta: setup.checkpoint_target(run, meta))
     if restored is None:
         book.rewind(records.Cut(0))  # a run killed before its first checkpoint starts again
-        progress.resumes(None)
         return None, 0, 0
     items, meta = restored
     state = jax.device_put(items["state"], run.replicated)
@@ -342,7 +341,7 @@ def restore(
     else:
         start_task, start_step = meta["task"], run.axis.first(state.task_step)
     logging.info("Resuming at task %d, step %d.", start_task, start_step)
-    progress.resumes(_resume_point(run, start_task, start_step))
+    ckpt.restored(_resume_point(run, start_task, start_step))
     if run.is_main:
         if start_task >= run.num_tasks:
             line = (
@@ -578,12 +577,12 @@ def train_task(
         check_finite(run, state, t, ckpt)
         global_step = run.axis.first(state.global_step)
         items, meta = {"state": state}, book.meta(t, "in_task", step // plan.steps_per_epoch)
-        progress.saving(_resume_point(run, t, step))
+        resumes = _resume_point(run, t, step)
         if signum:
             bar.close()
             where = f"at task {t + 1}/{run.num_tasks}, step {step}/{plan.total_steps}"
-            preemption.save_and_stop(signum, ckpt, global_step, items, meta, where)
-        ckpt.save(global_step, items, meta)
+            preemption.save_and_stop(signum, ckpt, global_step, items, meta, where, resumes)
+        ckpt.save(global_step, items, meta, resumes)
         last_save = time.monotonic()
     bar.close()
     check_finite(run, state, t, ckpt)
@@ -796,10 +795,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
                 memory.release_free_pages()
                 step = r.axis.first(state.global_step)
                 book.record_eval(t, step, results)
-                progress.saving(_resume_point(r, t + 1, 0))
-                ckpt.save(step, {"state": state}, book.meta(t, "task_done", 0))
+                meta = book.meta(t, "task_done", 0)
+                ckpt.save(step, {"state": state}, meta, _resume_point(r, t + 1, 0))
                 ckpt.wait()
-                progress.saved()
                 start_step = 0
             ckpt.wait()
             finished = start_task >= r.num_tasks  # before this process: its results stay
@@ -808,7 +806,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
                 print(counter.line())
             return out
         except KeyboardInterrupt:  # a second Ctrl-C (system/preemption.py)
-            progress.saved(pending_done=not ckpt.saving())  # what the rerun resumes from
+            progress.resumes(ckpt.on_disk())  # said by aepg_jax.main
             ckpt.abandon()  # the process ends at once (checkpointing.Checkpointer.abandon)
             raise
         finally:

@@ -303,8 +303,11 @@ def _unfinished(directory: str, arrays: Mapping[str, np.ndarray]) -> str | None:
     """The words "evaluated after task k of T" when `directory`'s run is not finished, else
     None."""
     k, total = evaluated_after(arrays)
-    done = os.path.exists(os.path.join(directory, records.RESULTS_FILE))
-    return None if done and k == total else f"evaluated after task {k} of {total}"
+    if k < total:
+        return f"evaluated after task {k} of {total}"
+    if not os.path.exists(os.path.join(directory, records.RESULTS_FILE)):
+        return f"evaluated after task {k} of {total}, no {records.RESULTS_FILE} yet"
+    return None
 
 
 def main(argv: Sequence[str]) -> int:

@@ -189,10 +189,7 @@ def load(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise
     except Exception as err:  # zipfile.BadZipFile, EOFError, ValueError, ...: a damaged file
         reason = " ".join(str(err).split()) or type(err).__name__
-        raise Damaged(
-            f"{path} is damaged ({reason}); restore it from a copy of the run (results.json "
-            "keeps the run's figures)."
-        ) from None
+        raise Damaged(f"{path} is damaged ({reason}); restore it from a copy of the run.") from None
     return arrays
 
 

@@ -233,18 +233,19 @@ class _Run:
 
     def resume_point(self, epochs_done: int, step: int = 0) -> str:
         """What the same command does from a checkpoint at `step` of epoch `epochs_done`
-        (0-based), for the line a second Ctrl-C prints (`system/progress.py`)."""
+        (0-based), in words, for the line a second Ctrl-C prints (`system/progress.py`)."""
         epochs = self.cfg.optim.epochs
         if epochs_done >= epochs:
             return "the run is finished"
         if step == 0:
-            return f"epoch {epochs_done + 1}/{epochs} starts over"
+            return f"it resumes at the start of epoch {epochs_done + 1}/{epochs}"
         return f"it resumes at epoch {epochs_done + 1}/{epochs}, step {step}/{self.steps_per_epoch}"
 
     def save(self, state: ts.TrainState, epochs_done: int) -> None:
         step = epochs_done * self.steps_per_epoch
-        progress.saving(self.resume_point(epochs_done))
-        self.ckpt.save(step, {"state": state}, self.meta(epochs_done))
+        self.ckpt.save(
+            step, {"state": state}, self.meta(epochs_done), self.resume_point(epochs_done)
+        )
         self.last_save = time.monotonic()
 
     def checkpoint_in_epoch(self, state, epoch: int, step: int, sums: dict, bar) -> None:
@@ -264,14 +265,14 @@ class _Run:
         }
         global_step = epoch * self.steps_per_epoch + step
         items, meta = {"state": state}, self.meta(epoch, in_epoch)
-        progress.saving(self.resume_point(epoch, step))
+        resumes = self.resume_point(epoch, step)
         if signum:
             bar.close()
             where = (
                 f"at epoch {epoch + 1}/{self.cfg.optim.epochs}, step {step}/{self.steps_per_epoch}"
             )
-            preemption.save_and_stop(signum, self.ckpt, global_step, items, meta, where)
-        self.ckpt.save(global_step, items, meta)
+            preemption.save_and_stop(signum, self.ckpt, global_step, items, meta, where, resumes)
+        self.ckpt.save(global_step, items, meta, resumes)
         self.last_save = time.monotonic()
 
     def restore(self) -> tuple[ts.TrainState, int, int, dict | None]:
@@ -282,7 +283,6 @@ class _Run:
         if restored is None:
             for writer in self.writers:  # a run killed before its first checkpoint starts again
                 writer.rewind(records.Cut(0))
-            progress.resumes(None)
             return fresh, 0, 0, None
         items, meta = restored
         state = items["state"]
@@ -305,7 +305,7 @@ class _Run:
         cut = records.Cut(meta["epochs_done"] * self.steps_per_epoch + step, closed=not in_epoch)
         for writer in self.writers:
             writer.rewind(cut)
-        progress.resumes(self.resume_point(meta["epochs_done"], step))
+        self.ckpt.restored(self.resume_point(meta["epochs_done"], step))
         if self.is_main:
             where = f", step {step}" if in_epoch else ""
             tqdm.tqdm.write(
@@ -358,14 +358,13 @@ class _Run:
             if signum and epoch + 1 < epochs:  # during the evaluation: stop after its epoch
                 step = (epoch + 1) * self.steps_per_epoch
                 where = f"after epoch {epoch + 1}/{epochs}"
-                progress.saving(self.resume_point(epoch + 1))
+                meta, resumes = self.meta(epoch + 1), self.resume_point(epoch + 1)
                 preemption.save_and_stop(
-                    signum, self.ckpt, step, {"state": state}, self.meta(epoch + 1), where
+                    signum, self.ckpt, step, {"state": state}, meta, where, resumes
                 )
             if (epoch + 1) % self.cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs:
                 self.save(state, epoch + 1)
         self.ckpt.wait()
-        progress.saved()
         finished = done >= epochs  # before this process: its results files stay as written
         return self.report(self.elapsed_before + time.time() - self.started, finished)
 
@@ -436,7 +435,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     try:
         return runner.run()
     except KeyboardInterrupt:  # a second Ctrl-C (system/preemption.py)
-        progress.saved(pending_done=not runner.ckpt.saving())  # what the rerun resumes from
+        progress.resumes(runner.ckpt.on_disk())  # said by aepg_jax.main
         runner.ckpt.abandon()  # the process ends at once (checkpointing.Checkpointer.abandon)
         raise
     finally:

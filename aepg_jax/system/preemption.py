@@ -64,7 +64,13 @@ class Saver(Protocol):
 
     directory: str
 
-    def save(self, step: int, items: Mapping[str, Any], meta: Mapping[str, Any]) -> None: ...
+    def save(
+        self,
+        step: int,
+        items: Mapping[str, Any],
+        meta: Mapping[str, Any],
+        resumes: str | None = None,
+    ) -> None: ...
 
     def wait(self) -> None: ...
 
@@ -76,10 +82,12 @@ def save_and_stop(
     items: Mapping[str, Any],
     meta: Mapping[str, Any],
     where: str,
+    resumes: str | None = None,
 ) -> NoReturn:
-    """Saves checkpoint `step`, waits until it is written, raises `Preempted` saying `where`
-    the run stopped and which checkpoint resumes it."""
-    ckpt.save(step, items, meta)
+    """Saves checkpoint `step` (`resumes`: what a run resumed from it does, in words), waits
+    until it is written, raises `Preempted` saying `where` the run stopped and which
+    checkpoint resumes it."""
+    ckpt.save(step, items, meta, resumes)
     ckpt.wait()
     _written[:] = [True]  # a second Ctrl-C from now on has nothing left to cut short
     raise Preempted(signum, f"{where} (checkpoint {step} in {ckpt.directory})")

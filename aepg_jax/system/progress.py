@@ -12,9 +12,9 @@ and once more when it closes, so that logs hold lines, not carriage-return redra
 makes the right one for any tqdm use in the package.
 
 `at(...)` records where the run is, in people's terms (task t = 1..T, as the console prints),
-and `resumes(...)` / `saving(...)` / `saved()` what the same command would resume from (the
-newest checkpoint on disk); `interrupted_message()` is the line `main` prints when a second
-Ctrl-C stops a run at once, without a checkpoint of where it was.
+and `resumes(...)` what the same command does from the newest checkpoint on disk;
+`interrupted_message()` is the line `main` prints when a second Ctrl-C stops a run at once,
+without a checkpoint of where it was.
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ import tqdm
 
 LINE_EVERY_S = 30.0  # a LineBar's least interval between two lines
 _where: str | None = None
-# What the same command resumes from: "written", the newest checkpoint on disk; "pending", one
-# being written (asynchronous), what the rerun resumes from once it is on disk.
-_resume: dict[str, str | None] = {"written": None, "pending": None}
+_resumes: str | None = None  # what the same command does from the newest checkpoint on disk
 
 
 class LineBar(tqdm.tqdm):
@@ -105,32 +103,20 @@ def at(**position: Any) -> None:
 def clear() -> None:
     global _where
     _where = None
-    _resume.update(written=None, pending=None)
+    resumes(None)
 
 
 def resumes(what: str | None) -> None:
-    """The run resumes as `what` says (e.g. "task 2/5 starts over", "it resumes at task 2/5,
-    step 40/180"; None: from the beginning): the checkpoint it restored, or none."""
-    _resume.update(written=what, pending=None)
-
-
-def saving(what: str) -> None:
-    """A checkpoint is being written from which the run resumes as `what` says; the one before
-    it is on disk (a save waits for the previous one)."""
-    _resume.update(written=_resume["pending"] or _resume["written"], pending=what)
-
-
-def saved(pending_done: bool = True) -> None:
-    """The checkpoint being written is on disk (`pending_done`), or was dropped unfinished."""
-    if pending_done and _resume["pending"]:
-        _resume["written"] = _resume["pending"]
-    _resume["pending"] = None
+    """The same command does what `what` says (e.g. "task 2/5 starts over", "it resumes at task
+    2/5, step 40/180"; None: it starts from the beginning)."""
+    global _resumes
+    _resumes = what
 
 
 def interrupted_message() -> str:
     """The one line printed when a second Ctrl-C stopped the run at once."""
     where = f"at {_where}" if _where else "before training started"
-    resume = _resume["written"] or "it starts from the beginning"
+    resume = _resumes or "it starts from the beginning"
     return (
         f"interrupted at once {where}, without a checkpoint of it; run the same command: {resume}"
     )
