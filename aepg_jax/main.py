@@ -9,8 +9,9 @@ trainer's: `python -m pydoc aepg_jax.scratch.config`); configs/README.md maps th
 tables to config files. The run writes its config, metrics.jsonl, results.json, plots and
 checkpoints into DIR; the same command resumes it, and a different config in DIR is refused
 once DIR has a checkpoint (except fields that change no result: where the data and weights are,
-how often to log and checkpoint). Ctrl-C ends the run with one line (exit 130); SIGTERM and
-SIGUSR1 checkpoint the current step first (exit 143, 138); the same command resumes. Several
+how often to log and checkpoint). Ctrl-C, SIGTERM and SIGUSR1 checkpoint the current step and
+end the run with one line (exit 130, 143, 138); the same command resumes there. A second
+Ctrl-C ends it at once, saying what the rerun resumes from (the newest checkpoint). Several
 processes: `--config.distributed=True`, or `python -m aepg_jax.launch` on one machine.
 docs/running.md has the details.
 """
@@ -193,7 +194,8 @@ def execute(cfg, workdir: str, *, validated: bool = False) -> dict:
 
 
 def _interrupted() -> None:
-    """Ctrl-C: one line saying where the run stopped, exit code 130 (128 + SIGINT)."""
+    """A second Ctrl-C (`system/preemption.py`): one line saying where the run stopped and what
+    the rerun resumes from, exit code 130 (128 + SIGINT)."""
     for bar in list(getattr(tqdm.tqdm, "_instances", ())):
         bar.close()
     sys.stdout.flush()
@@ -205,8 +207,9 @@ def _interrupted() -> None:
 
 
 def _preempted(stop: preemption.Preempted) -> None:
-    """SIGTERM / SIGUSR1: one line saying where the run stopped and that rerunning resumes it,
-    exit status 128 + the signal's number (the run's checkpoint is written, its lock free)."""
+    """Ctrl-C / SIGTERM / SIGUSR1: one line saying where the run stopped and that rerunning
+    resumes it, exit status 128 + the signal's number (the run's checkpoint is written, its
+    lock free)."""
     for bar in list(getattr(tqdm.tqdm, "_instances", ())):
         bar.close()
     sys.stdout.flush()

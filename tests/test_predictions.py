@@ -1,14 +1,17 @@
 """Kept predictions (runs/predictions.py) and the metrics recomputed from them
-(aepg_jax/evaluate), on hand-made probabilities with values worked out by hand."""
+(aepg_jax/evaluate), on hand-made probabilities with values worked out by hand; what evaluate
+says of a damaged, edited or missing file, of an unfinished run and of one another process
+holds."""
 
 import math
+import os
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from aepg_jax.evaluate import evaluate
-from aepg_jax.runs import predictions
+from aepg_jax.runs import lock, predictions, records
 
 # Two tasks of two classes (0-1, 2-3); after task 0 the classes of task 1 have probability 0.
 AFTER_0 = {0: ([[0.7, 0.3, 0, 0], [0.6, 0.4, 0, 0]], [0, 1])}  # task 0: right, wrong
@@ -84,3 +87,122 @@ def test_metrics_recomputed_from_kept_predictions(tmp_path):
     assert more["old_to_new"] == [None, 50.0] and more["new_to_old"] == [None, 50.0]
     assert more["per_class_accuracy"] == [0.0, 100.0, 0.0, 100.0]
     assert more["top5_A_t"] == [100.0, 100.0]  # 4 classes: every class is in the top 5
+
+
+# ---------------------------------------------------------------- `aepg_jax.evaluate` on a run
+
+
+def _run(workdir, finished: bool = True):
+    """A run's files as the trainer leaves them: predictions.npz after task 1 of 2, or after
+    both and results.json (its figures those recomputed, the file's sha256 recorded)."""
+    predictions.write(workdir, 0, _evaluation(0, AFTER_0), META)
+    if finished:
+        digest = predictions.write(workdir, 1, _evaluation(1, AFTER_1), META)
+        out = evaluate.evaluate_dir(str(workdir))
+        results = {"methods": out["methods"], "predictions": {"sha256": digest}}
+        records.write_results(workdir, results)
+    return workdir / predictions.FILE
+
+
+def _refused(argv, capsys) -> str:
+    """`aepg_jax.evaluate argv` ends with exit status 2 and one line: that line."""
+    with pytest.raises(SystemExit) as end:
+        evaluate.main(argv)
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert end.value.code == 2 and len(lines) == 1 and not captured.out, captured
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_evaluate_writes_evaluation_json_of_an_intact_finished_run(tmp_path, capsys):
+    _run(tmp_path)
+    assert evaluate.main([str(tmp_path)]) == 0
+    assert "equal to results.json" in capsys.readouterr().out
+    assert (tmp_path / evaluate.OUT_FILE).is_file()
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:3000])
+
+
+def _flip_a_bit(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def _change_one_value(path):
+    """A well-formed file, every CRC right, one label changed."""
+    arrays = predictions.load(path)
+    arrays["label"] = arrays["label"].copy()
+    arrays["label"][0] += 1
+    with open(path, "wb") as f:
+        predictions._write_npz(f, arrays)
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_a_bit, _change_one_value])
+def test_evaluate_refuses_a_predictions_file_that_is_not_the_one_the_run_wrote(
+    tmp_path, capsys, damage
+):
+    damage(_run(tmp_path))
+    line = _refused([str(tmp_path)], capsys)
+    assert f"{tmp_path / predictions.FILE} is not the file the run wrote" in line
+    assert "results.json" in line and not (tmp_path / evaluate.OUT_FILE).exists()
+
+
+def test_evaluate_names_a_missing_predictions_file(tmp_path, capsys):
+    _run(tmp_path).unlink()
+    line = _refused([str(tmp_path)], capsys)
+    assert f"{tmp_path / predictions.FILE} is missing (results.json records its sha256" in line
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_a_bit])
+def test_a_damaged_file_without_results_json_is_named_in_one_line(tmp_path, capsys, damage):
+    """Nothing records the sha256 of an unfinished run's file: reading it finds the damage
+    (the zip directory, each member's CRC-32); the trainer's rewrite on resume reads it too."""
+    damage(_run(tmp_path, finished=False))
+    line = _refused([str(tmp_path), "--partial"], capsys)
+    assert f"{tmp_path / predictions.FILE} is damaged (" in line
+    with pytest.raises(predictions.Damaged, match="is damaged"):
+        predictions.write(tmp_path, 1, _evaluation(1, AFTER_1), META)
+
+
+def test_evaluate_refuses_an_unfinished_run_or_prints_it_as_such(tmp_path, capsys):
+    _run(tmp_path, finished=False)
+    line = _refused([str(tmp_path)], capsys)
+    assert "run not finished: evaluated after task 1 of 2" in line and "--partial" in line
+    assert evaluate.main([str(tmp_path), "--partial"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{tmp_path}: run not finished: evaluated after task 1 of 2"
+    assert not (tmp_path / evaluate.OUT_FILE).exists()
+
+
+@pytest.mark.parametrize("seeds", [False, True])
+def test_evaluate_writes_nothing_into_a_run_a_live_process_holds(tmp_path, capsys, seeds):
+    """The run's lock is held (here by this process: alive, as a training run is): refused,
+    named, also when a seed directory of a `num_seeds > 1` run is given; --partial prints."""
+    run = tmp_path / "run"
+    named = run / "seed_3" if seeds else run
+    _run(named, finished=False)
+    (run / "config.json").write_text("{}")
+    with lock.hold(str(run)):
+        line = _refused([str(named)], capsys)
+        assert f"{named} is in use by a live process (" in line and f"pid {os.getpid()}" in line
+        assert "run not finished: evaluated after task 1 of 2" in line
+        assert evaluate.main([str(named), "--partial"]) == 0
+        assert "run not finished" in capsys.readouterr().out
+    assert not (named / evaluate.OUT_FILE).exists()
+
+
+def test_evaluate_writes_under_the_runs_lock(tmp_path, capsys, monkeypatch):
+    """A process that takes the run between the check and the write: nothing written."""
+    _run(tmp_path)
+
+    def taken(workdir):
+        raise lock.Busy(lock.busy_message(workdir, None))
+
+    monkeypatch.setattr(lock, "acquire", taken)
+    line = _refused([str(tmp_path)], capsys)
+    assert f"{evaluate.OUT_FILE} not written: a process took {tmp_path}" in line
+    assert not (tmp_path / evaluate.OUT_FILE).exists()

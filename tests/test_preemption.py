@@ -1,8 +1,9 @@
-"""Preemption loses at most one step: SIGTERM / SIGUSR1 make `aepg_jax.main` finish the current
-step, checkpoint it and exit with one line (status 128 + signal); the same command resumes to the
-results of an uninterrupted run, no training step recorded twice. A signal at a task's last step
-checkpoints it before the task's evaluation. A wall-clock interval adds checkpoints inside a
-task. The runs train under `cosine_epochs`: their records' `lr` is the schedule's."""
+"""Preemption loses at most one step: SIGTERM / SIGUSR1 / Ctrl-C make `aepg_jax.main` finish the
+current step, checkpoint it and exit with one line (status 128 + signal); the same command
+resumes to the results of an uninterrupted run, no training step recorded twice. A second Ctrl-C
+stops at once and says what the rerun resumes from. A signal at a task's last step checkpoints
+it before the task's evaluation. A wall-clock interval adds checkpoints inside a task. The runs
+train under `cosine_epochs`: their records' `lr` is the schedule's."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ import pytest
 from test_user_facing import _message_lines
 from tiny import tiny_config, write_spec
 
+from aepg_jax.config import schema
 from aepg_jax.continual import trainer
 from aepg_jax.runs import checkpointing, predictions
-from aepg_jax.system import preemption
+from aepg_jax.system import preemption, progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = {
@@ -33,9 +35,23 @@ OVERRIDES = {
 }
 
 
-def _main(config: str, workdir, **kwargs) -> subprocess.Popen:
+# `aepg_jax.main` whose stop on a signal waits a minute before its checkpoint: a second Ctrl-C
+# sent meanwhile surely finds it unwritten.
+SLOW_STOP = """
+import runpy, sys, time
+from aepg_jax.system import preemption
+save_and_stop = preemption.save_and_stop
+def slowly(*args, **kwargs):
+    time.sleep(60)
+    return save_and_stop(*args, **kwargs)
+preemption.save_and_stop = slowly
+runpy.run_module("aepg_jax.main", run_name="__main__")
+"""
+
+
+def _main(config: str, workdir, entry=("-m", "aepg_jax.main"), **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "aepg_jax.main", f"--config={config}", f"--workdir={workdir}"],
+        [sys.executable, *entry, f"--config={config}", f"--workdir={workdir}"],
         cwd=ROOT,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
         stdout=subprocess.PIPE,
@@ -50,15 +66,35 @@ def _train_records(workdir) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["type"] == "train"]
 
 
-def _stop_once_training(proc: subprocess.Popen, workdir, signum: int):
-    """Sends `signum` once the run has logged a training step; returns its end."""
+def _records(path) -> list[dict]:
+    """The whole records of a metrics.jsonl being written (a line cut short is left out)."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def _wait_for_training(proc: subprocess.Popen, workdir, task: int = 0) -> None:
+    """Returns once the run has logged a training step of task `task` (0-based) or a later one;
+    fails if it ended first."""
     metrics = workdir / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
-        if metrics.is_file() and '"train"' in metrics.read_text():
+        if metrics.is_file() and any(
+            r.get("type") == "train" and r.get("task", 0) >= task for r in _records(metrics)
+        ):
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be stopped"
+
+
+def _stop_once_training(proc: subprocess.Popen, workdir, signum: int, task: int = 0):
+    """Sends `signum` once the run has logged a training step of task `task` or later; returns
+    its end."""
+    _wait_for_training(proc, workdir, task)
     sent = time.time()
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
@@ -165,6 +201,97 @@ def _stop_at_the_last_step_and_resume(workdir, cache, reference: dict, signum: i
             assert "lr_peft" not in r, r
     assert min(r["lr"] for r in lines if "lr" in r) < cfg.optim.learning_rate
     assert any("lr_peft" in r for r in lines)
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_default_run_resumes_at_its_step_and_a_second_one_stops_at_once(tmp_path):
+    """configs/default.py as shipped: Ctrl-C during task 2 checkpoints the step in progress and
+    ends with one line (exit 130); the same command resumes at that step. Ctrl-C twice during
+    task 3 of the resumed run (its stop's checkpoint slowed: `SLOW_STOP`): the second stops it
+    at once, saying that task 3 starts over; the same command starts it over and ends with the
+    uninterrupted run's accuracy matrix and kept predictions, each training step recorded
+    once."""
+    config = os.path.join(ROOT, "configs", "default.py")
+    straight = tmp_path / "straight"
+    reference = trainer.run(schema.from_file(config), str(straight))
+    workdir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+
+    status, stderr, seconds = _stop_once_training(
+        _main(config, workdir), workdir, signal.SIGINT, task=1
+    )
+    lines = _message_lines(stderr)
+    assert status == 130 and "Traceback" not in stderr and len(lines) == 1, stderr[-3000:]
+    assert seconds < 30
+    stopped = re.fullmatch(
+        rf"interrupted at task 2/5, step (\d+)/(\d+) \(checkpoint (\d+) in {checkpoints}\); "
+        "run the same command to resume",
+        lines[0],
+    )
+    assert stopped, lines[0]
+    step, total, global_step = (int(stopped.group(i)) for i in (1, 2, 3))
+    assert 0 < step <= total and global_step == total + step
+    assert _train_records(workdir)[-1]["step"] == global_step
+
+    resumed = _main(config, workdir, entry=("-c", SLOW_STOP))
+    _wait_for_training(resumed, workdir, task=2)
+    resumed.send_signal(signal.SIGINT)
+    time.sleep(2.0)  # the first is handled within a step; its checkpoint waits in `slowly`
+    resumed.send_signal(signal.SIGINT)
+    out, stderr = resumed.communicate(timeout=120)
+    assert f"resuming from {checkpoints}: task 2, step {step}\n" in out
+    lines = _message_lines(stderr)
+    assert resumed.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert len(lines) == 1, lines
+    assert re.fullmatch(
+        rf"interrupted at once at task 3/5, step \d+/{total}, without a checkpoint of it; run "
+        "the same command: task 3/5 starts over",
+        lines[0],
+    ), lines[0]
+
+    final = _main(config, workdir)
+    out, stderr = final.communicate(timeout=600)
+    assert final.returncode == 0, stderr[-3000:]
+    assert f"resuming from {checkpoints}: task 3, step 0\n" in out
+    results = json.loads((workdir / "results.json").read_text())
+    assert results["accuracy_matrix"] == reference["accuracy_matrix"]
+    assert results["A_T"] == reference["A_T"]
+    assert (workdir / predictions.FILE).read_bytes() == (straight / predictions.FILE).read_bytes()
+    steps = [r["step"] for r in _train_records(workdir)]
+    assert steps == [r["step"] for r in _train_records(straight)]  # each logged step once
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once_and_names_the_checkpoint_the_rerun_resumes_from(
+    tmp_path, monkeypatch
+):
+    """In this process: two SIGINTs at a step of task 2 (the first recorded, the second raising
+    `KeyboardInterrupt` before any checkpoint of that step); `aepg_jax.main`'s line says that
+    task 2 starts over, and so the rerun does, to the uninterrupted run's results."""
+    cache = tmp_path / "cache"
+    overrides = {"data.num_tasks": 2, "checkpoint_every_minutes": 0.0}
+    reference = trainer.run(tiny_config(cache, **overrides), str(tmp_path / "straight"))
+    log = trainer._Logger.__call__
+
+    def ctrl_c_twice(self, state, step, k, chunk, bar):
+        if self.t == 1 and step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # recorded by preemption.catch
+            os.kill(os.getpid(), signal.SIGINT)  # raises KeyboardInterrupt
+        return log(self, state, step, k, chunk, bar)
+
+    monkeypatch.setattr(trainer._Logger, "__call__", ctrl_c_twice)
+    work = str(tmp_path / "run")
+    with preemption.catch(), pytest.raises(KeyboardInterrupt):
+        trainer.run(tiny_config(cache, **overrides), work)
+    monkeypatch.undo()
+    assert progress.interrupted_message() == (
+        "interrupted at once at task 2/2, step 3/8, without a checkpoint of it; run the same "
+        "command: task 2/2 starts over"
+    )
+    ckpt = checkpointing.Checkpointer(os.path.join(work, "checkpoints"))
+    assert ckpt.steps() == [8]  # task 1's own
+    ckpt.close()
+    resumed = trainer.run(tiny_config(cache, **overrides), work)
+    assert resumed["accuracy_matrix"] == reference["accuracy_matrix"]
 
 
 def test_a_wall_clock_interval_checkpoints_inside_a_task(tmp_path):

@@ -160,7 +160,8 @@ Fields (defaults in brackets):
   log_every_steps [50] / checkpoint_every_steps [0: only after each task]
   checkpoint_every_minutes [30.0]  also a checkpoint inside a task once this much wall time has
                                passed since the last: what a SIGKILL without warning can lose
-                               (SIGTERM / SIGUSR1 checkpoint at once, docs/running.md); 0: off
+                               (Ctrl-C, SIGTERM, SIGUSR1 checkpoint at once: docs/running.md);
+                               0: off
   tensorboard [True]           also write metrics.jsonl's numbers and the config as TensorBoard
                                event files in the workdir (`tensorboard --logdir=WORKDIR`, or a
                                sweep's DIR for all its runs by name); False: metrics.jsonl only

@@ -341,6 +341,7 @@ def restore(
     else:
         start_task, start_step = meta["task"], run.axis.first(state.task_step)
     logging.info("Resuming at task %d, step %d.", start_task, start_step)
+    ckpt.restored(_resume_point(run, start_task, start_step))
     if run.is_main:
         if start_task >= run.num_tasks:
             line = (
@@ -352,6 +353,17 @@ def restore(
             line = f"resuming from {ckpt.directory}: task {start_task + 1}, step {start_step}"
         tqdm.tqdm.write(line)
     return state, start_task, start_step
+
+
+def _resume_point(run: Run, task: int, step: int) -> str:
+    """What the same command does from a checkpoint at `step` of `task` (0-based; step 0: the
+    task's start, task T: the run is finished), for the line a second Ctrl-C prints."""
+    if task >= run.num_tasks:
+        return "the run is finished"
+    if step == 0:
+        return f"task {task + 1}/{run.num_tasks} starts over"
+    total = plan_task(run.cfg, run.data.tasks.tasks[task]).total_steps
+    return f"it resumes at task {task + 1}/{run.num_tasks}, step {step}/{total}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -565,11 +577,12 @@ def train_task(
         check_finite(run, state, t, ckpt)
         global_step = run.axis.first(state.global_step)
         items, meta = {"state": state}, book.meta(t, "in_task", step // plan.steps_per_epoch)
+        resumes = _resume_point(run, t, step)
         if signum:
             bar.close()
             where = f"at task {t + 1}/{run.num_tasks}, step {step}/{plan.total_steps}"
-            preemption.save_and_stop(signum, ckpt, global_step, items, meta, where)
-        ckpt.save(global_step, items, meta)
+            preemption.save_and_stop(signum, ckpt, global_step, items, meta, where, resumes)
+        ckpt.save(global_step, items, meta, resumes)
         last_save = time.monotonic()
     bar.close()
     check_finite(run, state, t, ckpt)
@@ -782,7 +795,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
                 memory.release_free_pages()
                 step = r.axis.first(state.global_step)
                 book.record_eval(t, step, results)
-                ckpt.save(step, {"state": state}, book.meta(t, "task_done", 0))
+                meta = book.meta(t, "task_done", 0)
+                ckpt.save(step, {"state": state}, meta, _resume_point(r, t + 1, 0))
                 ckpt.wait()
                 start_step = 0
             ckpt.wait()
@@ -791,7 +805,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
             if r.is_main:
                 print(counter.line())
             return out
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a second Ctrl-C (system/preemption.py)
+            progress.resumes(ckpt.on_disk())  # said by aepg_jax.main
             ckpt.abandon()  # the process ends at once (checkpointing.Checkpointer.abandon)
             raise
         finally:

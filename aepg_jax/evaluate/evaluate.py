@@ -14,6 +14,14 @@ what the kept predictions allow beyond it:
       examples predicted as an old task's class (`new_to_old`).
 
 Writes `evaluation.json` beside each results.json and prints a summary.
+
+It reads only what a finished run wrote: each predictions.npz must have the sha256 its
+results.json records (a truncated, damaged or edited file, or a missing one, is named in one
+line, exit status 2), and a run not finished (no results.json, or evaluated after fewer than
+all of its tasks) or held by a live process (`runs/lock.py`: still training) is refused in one
+line. `--partial` evaluates such a run as it is, saying after which task, and prints without
+writing anything into it. evaluation.json is written under the run's lock, so never into a
+run that another process holds.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from aepg_jax.continual import metrics
-from aepg_jax.runs import predictions, records
+from aepg_jax.runs import lock, predictions, records
 from aepg_jax.system import cli
 
 OUT_FILE = "evaluation.json"
@@ -147,10 +155,11 @@ def _close(a: Sequence, b: Sequence) -> bool:
     return True
 
 
-def evaluate_dir(directory: str) -> dict[str, Any]:
-    """evaluation.json's dict for one seed's directory (its predictions.npz and results.json)."""
+def evaluate_dir(directory: str, arrays: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """evaluation.json's dict for one seed's directory (its predictions.npz, `kept(directory)`
+    unless given as `arrays`, and results.json)."""
     path = os.path.join(directory, predictions.FILE)
-    arrays = predictions.load(path)
+    arrays = kept(directory) if arrays is None else arrays
     tracker = tracker_of(arrays)
     recomputed = {p: metrics.summary(tracker, p) for p in tracker.predictors}
     recomputed[tracker.predictors[0]]["entropy"] = [
@@ -168,16 +177,86 @@ def evaluate_dir(directory: str) -> dict[str, Any]:
     return out
 
 
+def _holds_a_run(directory: str) -> bool:
+    return any(
+        os.path.exists(os.path.join(directory, name))
+        for name in (predictions.FILE, records.RESULTS_FILE)
+    )
+
+
 def seed_directories(workdir: str) -> list[str]:
-    """The directories holding kept predictions: the run's, or each `seed_<s>` of it."""
-    if os.path.exists(os.path.join(workdir, predictions.FILE)):
+    """The directories holding kept predictions or results: the run's, or each `seed_<s>` of
+    it."""
+    if _holds_a_run(workdir):
         return [workdir]
     seeds = sorted(
         d
         for d in os.listdir(workdir)
-        if d.startswith("seed_") and os.path.exists(os.path.join(workdir, d, predictions.FILE))
+        if d.startswith("seed_") and _holds_a_run(os.path.join(workdir, d))
     )
     return [os.path.join(workdir, d) for d in seeds]
+
+
+def run_directory(workdir: str) -> str:
+    """The directory whose lock the run holds: `workdir`, or the run's above a `seed_<s>`
+    directory of a `num_seeds > 1` run."""
+    workdir = os.path.abspath(workdir)
+    parent = os.path.dirname(workdir)
+    seed_dir = os.path.basename(workdir).startswith("seed_")
+    if seed_dir and os.path.exists(os.path.join(parent, records.SEEDS_RESULTS_FILE)):
+        return parent
+    if seed_dir and os.path.exists(os.path.join(parent, "config.json")):
+        return parent
+    return workdir
+
+
+def recorded_sha256(directory: str) -> str | None:
+    """The sha256 of predictions.npz that `directory`'s results.json records (None: no
+    results.json, or one that records none); ValueError when results.json cannot be read."""
+    path = os.path.join(directory, records.RESULTS_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            results = json.load(f)
+        recorded = (results.get("predictions") or {}).get("sha256")
+    except (ValueError, AttributeError) as err:
+        raise ValueError(f"{path} cannot be read ({err}); restore it from a copy.") from None
+    return str(recorded) if recorded else None
+
+
+def kept(directory: str) -> dict[str, np.ndarray]:
+    """`directory`'s kept predictions, checked: the file is there, its sha256 is the one
+    results.json records (when it records one) and it reads as a predictions file. Else
+    FileNotFoundError or ValueError, one line naming the file and what to do."""
+    path = os.path.join(directory, predictions.FILE)
+    recorded = recorded_sha256(directory)
+    if not os.path.exists(path):
+        if recorded:
+            raise FileNotFoundError(
+                f"{path} is missing (results.json records its sha256 {recorded[:12]}...); "
+                "restore it from a copy of the run to evaluate it."
+            )
+        raise FileNotFoundError(
+            f"{directory} holds no {predictions.FILE}: evaluate a run made by this version "
+            "(its evaluations keep their predictions)."
+        )
+    if recorded:
+        actual = predictions.sha256(path)
+        if actual != recorded:
+            raise ValueError(
+                f"{path} is not the file the run wrote: its sha256 {actual[:12]}... differs "
+                f"from {recorded[:12]}... in results.json (truncated, damaged or edited); "
+                "restore it from a copy of the run."
+            )
+    return predictions.load(path)
+
+
+def evaluated_after(arrays: Mapping[str, np.ndarray]) -> tuple[int, int]:
+    """(k, T): the kept predictions reach the evaluation after task k (1-based; 0: none) of
+    the run's T tasks."""
+    after = np.asarray(arrays["after_task"])
+    return (int(after.max()) + 1 if after.size else 0), len(arrays["meta/task_sizes"])
 
 
 def _fmt(x: Any) -> str:
@@ -207,30 +286,87 @@ def summary_lines(directory: str, out: Mapping[str, Any]) -> list[str]:
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m aepg_jax.evaluate",
-        description="Recompute a run's metrics from its kept predictions (no model needed); "
-        f"writes {OUT_FILE} beside each results.json.",
+        description="Recompute a finished run's metrics from its kept predictions (no model "
+        f"needed); writes {OUT_FILE} beside each results.json.",
     )
     parser.add_argument("workdir", help="the run's directory (aepg_jax.main --workdir)")
+    parser.add_argument(
+        "--partial",
+        action="store_true",
+        help="evaluate a run that is not finished (or still training) as far as it got; "
+        f"prints only, writes no {OUT_FILE}",
+    )
     return parser.parse_args(argv)
+
+
+def _unfinished(directory: str, arrays: Mapping[str, np.ndarray]) -> str | None:
+    """The words "evaluated after task k of T" when `directory`'s run is not finished, else
+    None."""
+    k, total = evaluated_after(arrays)
+    if k < total:
+        return f"evaluated after task {k} of {total}"
+    if not os.path.exists(os.path.join(directory, records.RESULTS_FILE)):
+        return f"evaluated after task {k} of {total}, no {records.RESULTS_FILE} yet"
+    return None
 
 
 def main(argv: Sequence[str]) -> int:
     args = parse(argv)
     if not os.path.isdir(args.workdir):
         cli.fail(f"{args.workdir} is not a run's directory: name the --workdir of a run.")
+    run_dir = run_directory(args.workdir)
+    holder = lock.running(run_dir)
+    held = f"{args.workdir} is in use by a live process ({holder.describe()})" if holder else ""
     directories = seed_directories(args.workdir)
     if not directories:
         cli.fail(
-            f"{args.workdir} holds no {predictions.FILE}: evaluate a run made by this version "
-            "(its evaluations keep their predictions)."
+            f"{held}: run not finished, no task evaluated yet; evaluate it once it has finished."
+            if holder
+            else f"{args.workdir} holds no {predictions.FILE}: evaluate a run made by this "
+            "version (its evaluations keep their predictions)."
         )
-    differ = False
-    for directory in directories:
+    try:
+        loaded = {d: kept(d) for d in directories}
+    except (OSError, ValueError) as err:
+        cli.fail(str(err))
+    unfinished = {d: _unfinished(d, a) for d, a in loaded.items()}
+    first = next((u for u in unfinished.values() if u), None)
+    state = f"run not finished: {first}" if first else "run finished, its files being written"
+    partial = "or with --partial as it is (printed, nothing written)"
+    if holder and not args.partial:
+        cli.fail(f"{held}: {state}; evaluate it once that process has ended, {partial}.")
+    if first and not args.partial:
+        cli.fail(
+            f"{args.workdir}: {state}; finish it (the run's own command resumes it), {partial}."
+        )
+    outs = {}
+    for directory, arrays in loaded.items():
         try:
-            out = evaluate_dir(directory)
-        except (OSError, ValueError, KeyError) as err:
+            outs[directory] = evaluate_dir(directory, arrays)
+        except (ValueError, KeyError, IndexError) as err:  # a readable file of another layout
             cli.fail(f"{os.path.join(directory, predictions.FILE)} cannot be read ({err}).")
-        records.write_results(directory, out, OUT_FILE)
+    if not args.partial:
+        _write(run_dir, outs)
+    differ = False
+    for directory, out in outs.items():
+        if unfinished[directory]:
+            print(f"{directory}: run not finished: {unfinished[directory]}")
         print("\n".join(summary_lines(directory, out)))
         differ |= bool(out.get("differs_from_results"))
     return 1 if differ else 0
+
+
+def _write(run_dir: str, outs: Mapping[str, Mapping[str, Any]]) -> None:
+    """Writes each directory's evaluation.json under the run's lock (`runs/lock.py`): a run
+    that another process holds (started since it was checked) is refused in one line."""
+    try:
+        with lock.hold(run_dir):
+            for directory, out in outs.items():
+                records.write_results(directory, out, OUT_FILE)
+    except lock.Busy:
+        cli.fail(
+            f"{OUT_FILE} not written: a process took {run_dir} meanwhile; evaluate it once that "
+            "process has ended."
+        )
+    except (lock.LockError, OSError, ValueError) as err:
+        cli.fail(f"{OUT_FILE} not written: {cli.one_line(str(err))}")

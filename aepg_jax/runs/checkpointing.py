@@ -220,6 +220,9 @@ class Checkpointer:
     def __init__(self, directory: str, max_to_keep: int = 3):
         self.directory = os.path.abspath(directory)
         self._failed = False  # a save failed: Orbax's threads will never finish
+        # The `resumes` notes of the newest checkpoint on disk and of a save in flight.
+        self._on_disk: str | None = None
+        self._in_flight: tuple[str | None] | None = None
         _quiet_failed_saves()
         lock.fence(self.directory, now=True)  # before removing anything
         if jax.process_index() == 0:  # the process that writes (Orbax's primary host)
@@ -259,10 +262,17 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
 
-    def save(self, step: int, items: dict[str, Any], meta: dict[str, Any]) -> None:
+    def save(
+        self,
+        step: int,
+        items: dict[str, Any],
+        meta: dict[str, Any],
+        resumes: str | None = None,
+    ) -> None:
         """Starts an asynchronous save of checkpoint `step` (replaces an existing one): each
         named pytree of `items` (empty trees are skipped: Orbax refuses them) and `meta`;
-        `lock.Lost` when another process has taken the run over."""
+        `lock.Lost` when another process has taken the run over. `resumes`: what a run
+        resumed from it does, in words (`on_disk()`)."""
         lock.fence(self.directory)
         if step in self._manager.all_steps():
             self._writing(self._manager.wait_until_finished)
@@ -274,11 +284,27 @@ class Checkpointer:
         args = {k: ocp.args.StandardSave(v) for k, v in items.items()}
         composite = ocp.args.Composite(**args, meta=ocp.args.JsonSave(meta))
         self._writing(lambda: self._manager.save(step, args=composite))
+        if self._in_flight is not None:  # Orbax's save waited for the previous one
+            self._on_disk = self._in_flight[0]
+        self._in_flight = (resumes,)
 
     def wait(self) -> None:
         """Blocks until the pending asynchronous save is on disk."""
         lock.fence(self.directory)
         self._writing(self._manager.wait_until_finished)
+        if self._in_flight is not None:
+            self._on_disk, self._in_flight = self._in_flight[0], None
+
+    def restored(self, resumes: str | None) -> None:
+        """Notes what a run resumed from the checkpoint restored does (`on_disk()`)."""
+        self._on_disk, self._in_flight = resumes, None
+
+    def on_disk(self) -> str | None:
+        """The `resumes` note of the newest checkpoint known to be on disk: a save in flight
+        counts once written, one cut short (a save's call interrupted) never."""
+        if self._in_flight is not None and not self._manager.is_saving_in_progress():
+            return self._in_flight[0]
+        return self._on_disk
 
     def restore_latest(
         self, make_targets: Callable[[dict[str, Any]], dict[str, Any]]

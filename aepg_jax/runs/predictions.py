@@ -169,10 +169,42 @@ def _write_npz(f: BinaryIO, arrays: Mapping[str, np.ndarray]) -> None:
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
+class Damaged(ValueError):
+    """A predictions file that cannot be read as one: truncated, bytes changed (each member's
+    CRC-32 is checked as it is read), or arrays missing or of unequal lengths."""
+
+
+META_KEYS = ("predictors", "task_offsets", "task_sizes", "num_classes", "scenario")
+COLUMNS = ("after_task", "task", "index", *SHARED)
+
+
 def load(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every array of a predictions file (metadata under `meta/`)."""
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+    """Every array of a predictions file (metadata under `meta/`); `Damaged`, one line naming
+    the file, when it cannot be read or lacks an array (a missing file: FileNotFoundError)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        _check_layout(arrays)
+    except OSError:
+        raise
+    except Exception as err:  # zipfile.BadZipFile, EOFError, ValueError, ...: a damaged file
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise Damaged(f"{path} is damaged ({reason}); restore it from a copy of the run.") from None
+    return arrays
+
+
+def _check_layout(arrays: Mapping[str, np.ndarray]) -> None:
+    """ValueError naming the first array missing, or a column whose length is not the rows'."""
+    names = [f"meta/{k}" for k in META_KEYS] + list(COLUMNS)
+    if "meta/predictors" in arrays:
+        names += [f"{p}/{c}" for p in arrays["meta/predictors"] for c in PER_PREDICTOR]
+    missing = [k for k in names if k not in arrays]
+    if missing:
+        raise ValueError(f"no array {missing[0]}")
+    rows = len(arrays["after_task"])
+    short = [k for k in names if not k.startswith("meta/") and len(arrays[k]) != rows]
+    if short:
+        raise ValueError(f"{short[0]} has {len(arrays[short[0]])} rows, after_task {rows}")
 
 
 def sha256(path: str | os.PathLike) -> str:

@@ -31,7 +31,7 @@ Fields (defaults in brackets; docs/algorithm.md §9, §16):
   log_every_steps [50] / checkpoint_every_epochs [10] (and always after the last epoch)
   checkpoint_every_minutes [30.0]  also a checkpoint inside an epoch once this much wall time has
                                passed since the last (what a SIGKILL without warning can lose;
-                               SIGTERM / SIGUSR1 checkpoint at once); 0: off
+                               Ctrl-C, SIGTERM, SIGUSR1 checkpoint at once); 0: off
   tensorboard [True]           also write metrics.jsonl's numbers and the config as TensorBoard
                                event files in the workdir; False: metrics.jsonl only
   max_steps_per_epoch [None]   cap on steps per epoch (smoke tests)

@@ -15,8 +15,8 @@ single run of seed `seed + i` (its own init, data order and augmentation).
 Checkpoints (Orbax, `<workdir>/checkpoints/<step>/`) after every `checkpoint_every_epochs`
 epochs and the last: parameters, BatchNorm statistics, SGD momentum, step, RNG, and the
 per-epoch history. Inside an epoch, one every `checkpoint_every_minutes` of wall time and one at
-the step a SIGTERM / SIGUSR1 arrived (then the run stops: `system/preemption.py`), each with the
-epoch's running train sums (a signal at an epoch's last step is checkpointed before its
+the step a SIGTERM, SIGUSR1 or Ctrl-C arrived (then the run stops: `system/preemption.py`), each
+with the epoch's running train sums (a signal at an epoch's last step is checkpointed before its
 evaluation, which the resumed run does first). Re-running resumes after the newest one, with
 identical results, and with each record of metrics.jsonl once (`records.MetricsWriter.rewind`).
 """
@@ -231,9 +231,21 @@ class _Run:
             "elapsed_s": self.elapsed_before + time.time() - self.started,
         }
 
+    def resume_point(self, epochs_done: int, step: int = 0) -> str:
+        """What the same command does from a checkpoint at `step` of epoch `epochs_done`
+        (0-based), in words, for the line a second Ctrl-C prints (`system/progress.py`)."""
+        epochs = self.cfg.optim.epochs
+        if epochs_done >= epochs:
+            return "the run is finished"
+        if step == 0:
+            return f"it resumes at the start of epoch {epochs_done + 1}/{epochs}"
+        return f"it resumes at epoch {epochs_done + 1}/{epochs}, step {step}/{self.steps_per_epoch}"
+
     def save(self, state: ts.TrainState, epochs_done: int) -> None:
         step = epochs_done * self.steps_per_epoch
-        self.ckpt.save(step, {"state": state}, self.meta(epochs_done))
+        self.ckpt.save(
+            step, {"state": state}, self.meta(epochs_done), self.resume_point(epochs_done)
+        )
         self.last_save = time.monotonic()
 
     def checkpoint_in_epoch(self, state, epoch: int, step: int, sums: dict, bar) -> None:
@@ -253,13 +265,14 @@ class _Run:
         }
         global_step = epoch * self.steps_per_epoch + step
         items, meta = {"state": state}, self.meta(epoch, in_epoch)
+        resumes = self.resume_point(epoch, step)
         if signum:
             bar.close()
             where = (
                 f"at epoch {epoch + 1}/{self.cfg.optim.epochs}, step {step}/{self.steps_per_epoch}"
             )
-            preemption.save_and_stop(signum, self.ckpt, global_step, items, meta, where)
-        self.ckpt.save(global_step, items, meta)
+            preemption.save_and_stop(signum, self.ckpt, global_step, items, meta, where, resumes)
+        self.ckpt.save(global_step, items, meta, resumes)
         self.last_save = time.monotonic()
 
     def restore(self) -> tuple[ts.TrainState, int, int, dict | None]:
@@ -292,6 +305,7 @@ class _Run:
         cut = records.Cut(meta["epochs_done"] * self.steps_per_epoch + step, closed=not in_epoch)
         for writer in self.writers:
             writer.rewind(cut)
+        self.ckpt.restored(self.resume_point(meta["epochs_done"], step))
         if self.is_main:
             where = f", step {step}" if in_epoch else ""
             tqdm.tqdm.write(
@@ -344,8 +358,9 @@ class _Run:
             if signum and epoch + 1 < epochs:  # during the evaluation: stop after its epoch
                 step = (epoch + 1) * self.steps_per_epoch
                 where = f"after epoch {epoch + 1}/{epochs}"
+                meta, resumes = self.meta(epoch + 1), self.resume_point(epoch + 1)
                 preemption.save_and_stop(
-                    signum, self.ckpt, step, {"state": state}, self.meta(epoch + 1), where
+                    signum, self.ckpt, step, {"state": state}, meta, where, resumes
                 )
             if (epoch + 1) % self.cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs:
                 self.save(state, epoch + 1)
@@ -419,7 +434,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     runner = _Run(cfg, workdir)
     try:
         return runner.run()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a second Ctrl-C (system/preemption.py)
+        progress.resumes(runner.ckpt.on_disk())  # said by aepg_jax.main
         runner.ckpt.abandon()  # the process ends at once (checkpointing.Checkpointer.abandon)
         raise
     finally:

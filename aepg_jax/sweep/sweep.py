@@ -21,8 +21,9 @@ its checkpoint. A run's own output goes to DIR/<run name>/sweep.log; the sweep p
 per run (A_T when done, the ETA). A run that fails on its data is recorded, the others go on
 and the sweep exits 1 at the end; run it again to retry. `--shard=i/n` takes every n-th run from
 the i-th; `--slurm` prints an sbatch array script; `--vmap_seeds` trains a cell's seeds as one
-program. SIGTERM or SIGUSR1 checkpoint the run in progress and exit 143 or 138; the same
-command resumes. A worker whose runs are all done (a signal that its last run finished despite)
+program. Ctrl-C, SIGTERM or SIGUSR1 checkpoint the run in progress and exit 130, 143 or 138;
+the same command resumes (a second Ctrl-C stops at once: the run resumes from its newest
+checkpoint). A worker whose runs are all done (a signal that its last run finished despite)
 exits 0. `--status` prints each run as done, running, failed, partial or todo.
 docs/paper.md has the details; `python -m aepg_jax.tables DIR` then prints the tables.
 
@@ -531,12 +532,17 @@ def main(argv: Sequence[str]) -> int:
             failed, save_failed = sweep(
                 units, root, overrides, mine, preflight.costs(checked), args.shard
             )
-    except KeyboardInterrupt:
-        print("\ninterrupted: run the same command again to resume.", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except KeyboardInterrupt:  # a second Ctrl-C (system/preemption.py)
+        print(
+            "\ninterrupted at once: run the same command again; the run in progress resumes "
+            "from its newest checkpoint.",
+            file=sys.stderr,
+        )
+        from aepg_jax.system import hosts
+
+        hosts.leave(128 + signal.SIGINT, at_once=True)  # Orbax's threads may never finish
     except preemption.Preempted as stop:
-        name = signal.Signals(stop.signum).name
-        print(f"stopped by {name}: run the same command again to resume.", file=sys.stderr)
+        print(f"{stop.how}: run the same command again to resume.", file=sys.stderr)
         return stop.status
     status = EXIT_FAILED_RUNS if failed else 0
     if save_failed:

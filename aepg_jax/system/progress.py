@@ -11,8 +11,10 @@ On a terminal the bar redraws itself in place (carriage returns). Written to a f
 and once more when it closes, so that logs hold lines, not carriage-return redraws. `new(...)`
 makes the right one for any tqdm use in the package.
 
-`at(...)` records where the run is, in people's terms (task t = 1..T, as the console prints);
-`interrupted_message()` is the line `main` prints on Ctrl-C.
+`at(...)` records where the run is, in people's terms (task t = 1..T, as the console prints),
+and `resumes(...)` what the same command does from the newest checkpoint on disk;
+`interrupted_message()` is the line `main` prints when a second Ctrl-C stops a run at once,
+without a checkpoint of where it was.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import tqdm
 
 LINE_EVERY_S = 30.0  # a LineBar's least interval between two lines
 _where: str | None = None
+_resumes: str | None = None  # what the same command does from the newest checkpoint on disk
 
 
 class LineBar(tqdm.tqdm):
@@ -100,9 +103,20 @@ def at(**position: Any) -> None:
 def clear() -> None:
     global _where
     _where = None
+    resumes(None)
+
+
+def resumes(what: str | None) -> None:
+    """The same command does what `what` says (e.g. "task 2/5 starts over", "it resumes at task
+    2/5, step 40/180"; None: it starts from the beginning)."""
+    global _resumes
+    _resumes = what
 
 
 def interrupted_message() -> str:
-    """The one line printed on Ctrl-C."""
+    """The one line printed when a second Ctrl-C stopped the run at once."""
     where = f"at {_where}" if _where else "before training started"
-    return f"interrupted {where}; run the same command to resume"
+    resume = _resumes or "it starts from the beginning"
+    return (
+        f"interrupted at once {where}, without a checkpoint of it; run the same command: {resume}"
+    )
