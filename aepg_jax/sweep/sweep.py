@@ -525,7 +525,7 @@ def main(argv: Sequence[str]) -> int:
         cli.fail(str(err))
     enable_compile_cache(args.compile_cache)
     name = os.path.abspath(args.experiment) if args.experiment.endswith(".py") else experiment.name
-    layout.write_sweep_file(root, name, overrides)
+    layout.write_sweep_file(root, name, overrides, args.where, units)
     try:
         with preemption.catch():
             failed, save_failed = sweep(
