@@ -301,7 +301,7 @@ def test_tables_name_missing_runs_damaged_seed_files_and_non_objects(tmp_path, c
     out, err = capsys.readouterr()
     assert f"{runs['ce', 0].name}/results.json cannot be read as a results object" in err
     assert "seed_2/results.json cannot be read as a results object" in err
-    missing = f"2 of 4 cells have runs without results (not run yet, or running): 1 run, e.g. "
+    missing = "2 of 4 cells have runs without results (not run yet, or running): 1 run, e.g. "
     assert f"warning: {missing}{runs['ce', 1].name}.\n" in err and err.count("without results") == 1
     assert "| CE | — (0/3 done, 2 failed) |" in out
     assert (
