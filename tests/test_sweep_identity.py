@@ -95,7 +95,7 @@ def test_a_folder_holding_another_config_stops_the_sweep_or_is_set_aside(fake, c
     # shown has results (exit 1).
     assert tables.main([str(root), f"--experiment={path}", "--no_plots"]) == 1
     out, err_text = capsys.readouterr()
-    assert out.startswith(f"Shown: runs --where=loss=ce,seed=0 (the selection {root}'s sweep ")
+    assert out.startswith(f"Shown: runs --where=loss=ce,seed=0 (recorded by the sweep of {root};")
     assert "| CE | — (0/1 done, 1 of another config) |" in out
     assert "loss=ce,seed=0: its results are of another config than the experiment's " in err_text
     assert "(differs in: optim.epochs)" in err_text

@@ -86,8 +86,12 @@ class Unit:
         return f"{run.config}:{run.arg}" if run.arg else run.config
 
     def overrides(self, extra: Sequence[str] = ()) -> list[str]:
-        """`--config.<field>=<value>` flags: the grid's, num_seeds, then the user's."""
-        flags = [f"--config.{k}={v}" for k, v in self.runs[0].overrides]
+        """`--config.<field>=<value>` flags: the grid's (but those of the fields the user's
+        set: a tuple field given twice would be the two tuples joined), num_seeds, then the
+        user's."""
+        given = {flag.partition("=")[0] for flag in extra}
+        grid = [(f"--config.{k}", v) for k, v in self.runs[0].overrides]
+        flags = [f"{flag}={v}" for flag, v in grid if flag not in given]
         if self.vmapped:
             flags.append(f"--config.num_seeds={len(self.runs)}")
         return flags + list(extra)

@@ -206,14 +206,14 @@ class View:
         wheres = [w for w in self.wheres if w]
         return not wheres or any(experiments.filter_runs([run], w) for w in wheres)
 
-    def selection(self) -> str:
+    def selection(self, root: str) -> str:
         """The runs shown, in words: `--where=...` (or several, `or`), with where it comes
-        from; "" for every run."""
+        from (the sweeps of `root`, or the command line); "" for every run."""
         wheres = [w for w in self.wheres if w]
         if not wheres:
             return ""
         text = " or ".join(f"--where={w}" for w in wheres)
-        source = "the selection DIR's sweep recorded" if self.recorded else "given here"
+        source = f"recorded by the sweep of {root}" if self.recorded else "given here"
         return f"runs {text} ({source}; --where= shows every run)"
 
 
@@ -441,7 +441,7 @@ def render(
             writer.writerows(csv_rows(table, cells))
         return buffer.getvalue()
     fn = markdown if fmt == "markdown" else latex
-    selection = view.selection().replace("DIR", root) if view else ""
+    selection = view.selection(root) if view else ""
     head = [(f"Shown: {selection}." if fmt == "markdown" else f"% Shown: {selection}.")]
     return "\n\n".join(head * bool(selection) + [fn(t, c) for t, c in blocks]) + "\n"
 
@@ -501,7 +501,7 @@ def report_page(
             blocks.append(report.Block(part, table, cells))
     if tally.summary():
         warnings.add(tally.summary())
-    shown = view.selection().replace("DIR", root)
+    shown = view.selection(root)
     selection = " · ".join(
         [f"overrides {' '.join(view.overrides)}"] * bool(view.overrides) + [shown] * bool(shown)
     )
@@ -599,8 +599,8 @@ def main(argv: Sequence[str]) -> int:
         cli.fail(str(err))
     warnings: set[str] = set()
     text = render(args.dir, experiment, args.format, warnings, view)
-    if args.format == "csv" and view.selection():
-        print(f"note: shown: {view.selection().replace('DIR', args.dir)}.", file=sys.stderr)
+    if args.format == "csv" and view.selection(args.dir):
+        print(f"note: shown: {view.selection(args.dir)}.", file=sys.stderr)
     if args.out:
         try:
             with open(args.out, "w") as f:
