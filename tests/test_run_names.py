@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 import time
@@ -75,6 +76,18 @@ def test_every_run_folder_of_two_field_experiments_can_be_made(tmp_path):
         runs = registry.get(name).runs()
         assert _make_every_folder(tmp_path / name, name) > 3 * len(runs)
         assert all((tmp_path / name / r.name).is_dir() for r in runs)
+
+
+def test_the_workdirs_list_prints_can_be_made(tmp_path, capsys):
+    for vmap in ([], ["--vmap_seeds"]):
+        assert sweep.main(["--experiment=hide_prompt", "--list", *vmap]) == 0
+        commands = [shlex.split(line) for line in capsys.readouterr().out.splitlines()
+                    if " -m aepg_jax.main " in line]  # fmt: skip
+        workdirs = [a.removeprefix("--workdir=<workdir>/") for c in commands for a in c
+                    if a.startswith("--workdir=")]  # fmt: skip
+        assert len(workdirs) == len(commands) == len(set(workdirs)) > 0
+        for workdir in workdirs:
+            _make(tmp_path, workdir)
 
 
 @pytest.mark.slow
