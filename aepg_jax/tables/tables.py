@@ -128,7 +128,7 @@ class Tally:
         if not self.missing:
             return None
         runs = sorted({name for names in self.missing.values() for name in names})
-        example = ", ".join(runs[:2]) + (", ..." if len(runs) > 2 else "")
+        example = ", ".join(runs[:2])
         count = f"{len(runs)} run" + "s" * (len(runs) != 1)
         return (
             f"{len(self.missing)} of {self.cells} cells have runs without results (not run yet, "
