@@ -15,8 +15,8 @@ folder that holds a run of another identity (another config, or other weights: t
 file's sha256) stops the sweep in one line naming the fields (`--rerun_changed` keeps it as
 `<run>.replaced-<time>` and runs afresh). Run names are `<config>/<arguments>` and always show
 the method, loss and seed (`--list` prints them with their `aepg_jax.main` commands); overrides
-that would make a name too long for the file system show as `+overrides-<digest>`
-(`experiments/names.py`). Any number of sweeps on one DIR (one per GPU, a SLURM array,
+that would make a name too long for the file system show as `+overrides-<digest>`, which
+DIR/sweep.json spells out. Any number of sweeps on one DIR (one per GPU, a SLURM array,
 a second node) share the runs, most expensive first, and a run whose sweep died resumes from
 its checkpoint. A run's own output goes to DIR/<run name>/sweep.log; the sweep prints one line
 per run (A_T when done, the ETA). A run that fails on its data is recorded, the others go on
