@@ -126,6 +126,27 @@ def test_no_value_adds_a_path_level():
     assert odd.name.count("/") == 1 and "%2F" in odd.name
 
 
+def test_results_of_digested_runs_and_programs_are_found_by_their_names(tmp_path):
+    """layout finds a run's results in its own folder and in a vmapped program of its cell,
+    for the override set it was run with only."""
+    runs = [r for r in registry.get("hide_prompt").runs() if r.stem == "cifar100"]
+    seed1 = next(r for r in runs if r.seed == 1 and r.value("loss") == "ce")
+    changed, other = (("optim.epochs", "3"),), (("optim.epochs", "4"),)
+    for first, last, value, pairs in ((0, 2, 1.0, changed), (0, 2, 2.0, other)):
+        program = _make(tmp_path, seed1.program_folder(first, last, pairs))
+        (program / "seed_1").mkdir()
+        (program / "seed_1" / "results.json").write_text(json.dumps({"A_T": value}))
+    assert "+overrides-" in seed1.program_folder(0, 2, changed)
+    assert layout.run_results(tmp_path, seed1, changed) == {"A_T": 1.0}
+    assert layout.run_results(tmp_path, seed1, other) == {"A_T": 2.0}
+    assert layout.run_results(tmp_path, seed1) is None
+    own = _make(tmp_path, seed1.folder(changed))
+    (own / "results.json").write_text(json.dumps({"A_T": 3.0}))
+    assert layout.run_results(tmp_path, seed1, changed) == {"A_T": 3.0}  # its own folder first
+    unit = layout.Unit(tuple(r for r in runs if r.value("loss") == "ce"), changed)
+    assert unit.vmapped and unit.name == seed1.program_folder(0, 2, changed)
+
+
 def _fake_execute(calls, monkeypatch):
     """main.execute without training: records the workdir, writes results.json there."""
     monkeypatch.setattr(memory, "apply_default", lambda: False)
