@@ -181,11 +181,17 @@ def test_a_demo_run_goes_through_sweep_and_tables(tmp_path, capsys):
         {"method": "l2p", "seed": 0})[0])  # fmt: skip
     assert 0 <= results["A_T"] <= 100 and 0 <= results["avg_inc_acc"] <= 100
     capsys.readouterr()
-    assert tables.main([root]) == 1  # the other runs have no results yet
+    assert tables.main([root]) == 0  # the sweep's selection: its one run
     out = capsys.readouterr().out
+    assert out.startswith(f"Shown: runs {where} (recorded by the sweep of {root};")
+    l2p = next(line for line in out.splitlines() if line.startswith("| L2P++"))
+    assert f"{results['A_T']:.1f} (n=1)" in l2p
+    assert tables.main([root, "--where="]) == 0  # every run: the others have no results yet
+    out, err = capsys.readouterr()
     l2p = next(line for line in out.splitlines() if line.startswith("| L2P++"))
     assert f"{results['A_T']:.1f} (1/2 done)" in l2p  # seed 1 not run
     assert "0/2 done" in next(line for line in out.splitlines() if line.startswith("| CODA-P"))
+    assert err.count("warning:") == 1 and "cells have runs without results" in err
 
 
 # ------------------------------------------------------------- APER and the prototype demos

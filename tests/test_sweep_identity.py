@@ -91,10 +91,12 @@ def test_a_folder_holding_another_config_stops_the_sweep_or_is_set_aside(fake, c
         "pass --rerun_changed to keep such runs as <run>.replaced-<time> and run this config "
         "afresh, or use another --workdir."
     )
-    # The tables leave it out, naming it and the field.
+    # The tables (of the sweep's selection) leave it out, naming it and the field; no run
+    # shown has results (exit 1).
     assert tables.main([str(root), f"--experiment={path}", "--no_plots"]) == 1
     out, err_text = capsys.readouterr()
-    assert "| CE | — (0/2 done, 1 of another config) |" in out
+    assert out.startswith(f"Shown: runs --where=loss=ce,seed=0 (recorded by the sweep of {root};")
+    assert "| CE | — (0/1 done, 1 of another config) |" in out
     assert "loss=ce,seed=0: its results are of another config than the experiment's " in err_text
     assert "(differs in: optim.epochs)" in err_text
     # --rerun_changed keeps the old folder beside and runs this config afresh.
@@ -103,10 +105,15 @@ def test_a_folder_holding_another_config_stops_the_sweep_or_is_set_aside(fake, c
     kept = list(run.parent.glob("loss=ce,seed=0.replaced-*"))
     assert len(kept) == 1 and json.loads((kept[0] / "config.json").read_text()) == saved
     assert "kept the run of another config as " in capsys.readouterr().out
-    # No result of another config is left; the cell's other seed has not run (exit 1).
-    assert tables.main([str(root), f"--experiment={path}", "--no_plots"]) == 1
-    err_text = capsys.readouterr().err
-    assert "another config" not in err_text and "have no results" in err_text
+    # No result of another config is left (exit 0); the cell's other seed, not selected by
+    # the sweep, has not run: one line with every run.
+    assert tables.main([str(root), f"--experiment={path}", "--no_plots"]) == 0
+    out, err_text = capsys.readouterr()
+    assert "| CE | 20.0 (n=1) |" in out and err_text == ""
+    assert tables.main([str(root), f"--experiment={path}", "--no_plots", "--where="]) == 0
+    out, err_text = capsys.readouterr()
+    assert "| CE | 20.0 (1/2 done) |" in out and "Shown:" not in out
+    assert err_text.count("warning:") == 1 and "4 of 4 cells have runs without results" in err_text
 
 
 def test_where_names_the_values_that_exist(fake, capsys):

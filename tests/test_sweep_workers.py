@@ -204,8 +204,8 @@ def test_three_workers_run_each_run_once_and_give_the_one_process_table(one_proc
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert any(cache.iterdir())
     # Run folders carry the overrides that change results (checkpoint_every_steps does not).
-    suffix = layout.suffix_of([("data.num_tasks", "2"), ("max_steps_per_task", "4")])
-    names = sorted(r.name + suffix for r in registry.get("demo").runs() if r.seed == 0)
+    changed = (("data.num_tasks", "2"), ("max_steps_per_task", "4"))
+    names = sorted(r.folder(changed) for r in registry.get("demo").runs() if r.seed == 0)
     assert _done_lines(outs) == names  # each run once
     for log in root.glob("demo/*/sweep.log"):
         assert log.read_text().count("--- ") == 1, log  # one worker wrote it

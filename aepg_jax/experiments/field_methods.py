@@ -5,8 +5,9 @@ demos `prototypes_demo` and `field_demo`.
 
 Published cells, metrics and settings follow the conventions of `baselines.py` (its
 docstring): `""` where no stored source could be read, each official code's settings as grid
-overrides visible in run names, the code's setting that this trainer lacks named where it runs
-something else.
+overrides (too many for a run name: it shows them as `+overrides-<digest>`, `names.py`; their
+values are in each run's config.json and the sweep's sweep.json), the code's setting that this
+trainer lacks named where it runs something else.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Where a sweep's runs live, and what is done: the directory layout shared by `aepg_jax.sweep`
 (which writes it) and `aepg_jax.tables` (which reads it).
 
-    DIR/sweep.json                       the experiment a sweep of DIR ran and its `--config.*`
-                                         overrides, the last and every set (for `tables DIR`)
+    DIR/sweep.json                       the experiment a sweep of DIR ran, its `--config.*`
+                                         overrides and `--where` selection (the last sweep's,
+                                         and every set) and what each `+overrides-<digest>` of
+                                         its run folders stands for (for `tables DIR`)
     DIR/<run.name>/                      one run: aepg_jax.main's workdir (config.json,
                                          checkpoints/, metrics.jsonl, results.json when done)
     DIR/<run.cell_name>,seeds=A-B/       with --vmap_seeds: seeds A..B as one num_seeds program
@@ -10,18 +12,27 @@
     <workdir>/sweep.log                  the run's own output (appended on every attempt)
     <workdir>/sweep_error.txt            the last attempt's error line, while it has failed
 
+A run folder is two levels, `<config stem>/<arguments>[+<field>=<value>...]`, each at most
+`names.MAX_BYTES` bytes (Linux allows 255) whatever the values: a value's `/`, `%`, NUL and
+control characters are escaped as %XX, and where the grid's overrides (an experiment's
+reference settings) would make the name too long they show as one `+overrides-<digest>`
+(`names.py`); their values are in the run's config.json and under `digests` in sweep.json.
+Names that fit are unchanged, so runs made before digests existed are found as before, except
+those whose names were over `names.MAX_BYTES` (PILOT's DualPrompt runs, up to 255 bytes):
+rename such a folder to its run's new name (`aepg_jax.sweep --list`) to keep it.
+
 A `Unit` is what one process runs at once: one run, or (with `vmap_seeds`) the consecutive
 seeds of one cell as a single `num_seeds` program. A sweep's `--config.*` overrides that change
 a run's result (`runs/identity.py`: every field that acts but where files are, how often to
-log and checkpoint) give it a workdir of its own, `<run.name>+<field>=<value>...`, so that it
-never counts as, or resumes, the run of the experiment's own config; the tables show the runs
-of one override set (by default the last sweep's) and name the others.
+log and checkpoint) give it a workdir of its own, `<run.name>+<field>=<value>...` (digested as
+well when the name would be too long), so that it never counts as, or resumes, the run of the
+experiment's own config; the tables show the runs of one override set and selection (by
+default the last sweep's) and name the others.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import math
 import os
@@ -32,7 +43,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from aepg_jax.experiments import Run
+from aepg_jax.experiments import Run, names
 
 SWEEP_FILE = "sweep.json"
 LOG_FILE = "sweep.log"
@@ -55,11 +66,19 @@ class Unit:
 
     @property
     def name(self) -> str:
-        suffix = suffix_of(self.changed)
+        """The workdir, relative to the sweep's directory (`names.py`)."""
         if not self.vmapped:
-            return self.runs[0].name + suffix
+            return self.runs[0].folder(self.changed)
         first, last = self.runs[0].seed, self.runs[-1].seed
-        return f"{_program_prefix(self.runs[0])}seeds={first}-{last}{suffix}"
+        return self.runs[0].program_folder(first, last, self.changed)
+
+    @property
+    def digested(self) -> tuple[tuple[str, str], ...]:
+        """The (field, value) pairs its name shows as `+overrides-<digest>` (none: ())."""
+        if not self.vmapped:
+            return self.runs[0].digested(self.changed)
+        first, last = self.runs[0].seed, self.runs[-1].seed
+        return self.runs[0].program_digested(first, last, self.changed)
 
     @property
     def config_arg(self) -> str:
@@ -67,8 +86,12 @@ class Unit:
         return f"{run.config}:{run.arg}" if run.arg else run.config
 
     def overrides(self, extra: Sequence[str] = ()) -> list[str]:
-        """`--config.<field>=<value>` flags: the grid's, num_seeds, then the user's."""
-        flags = [f"--config.{k}={v}" for k, v in self.runs[0].overrides]
+        """`--config.<field>=<value>` flags: the grid's (but those of the fields the user's
+        set: a tuple field given twice would be the two tuples joined), num_seeds, then the
+        user's."""
+        given = {flag.partition("=")[0] for flag in extra}
+        grid = [(f"--config.{k}", v) for k, v in self.runs[0].overrides]
+        flags = [f"{flag}={v}" for flag, v in grid if flag not in given]
         if self.vmapped:
             flags.append(f"--config.num_seeds={len(self.runs)}")
         return flags + list(extra)
@@ -127,24 +150,21 @@ def saved_config(root: str | os.PathLike, unit: Unit) -> dict | None:
     return {**config, identity.INPUTS_KEY: found} if found else config
 
 
-def _program_prefix(run: Run) -> str:
-    """`<stem>/<args>,` (or `<stem>/` when the cell has no arguments) before `seeds=A-B`."""
-    cell = run.cell_name
-    return cell.removesuffix("defaults") if cell.endswith("/defaults") else f"{cell},"
+Changed = Sequence[tuple[str, str]]
+_SEEDS = re.compile(r"seeds=(\d+)-(\d+)")
 
 
-def suffix_of(changed: Sequence[tuple[str, str]]) -> str:
-    """The run-folder suffix of the (field, value) pairs an override set changes."""
-    return "".join(f"+{k}={v}" for k, v in changed)
-
-
-def _programs(root: pathlib.Path, run: Run, suffix: str = "") -> list[pathlib.Path]:
-    """The workdirs of vmapped programs of `run`'s cell under `root` whose override suffix is
-    exactly `suffix` (`seeds=A-B<suffix>`)."""
-    directory, _, start = _program_prefix(run).rpartition("/")
-    pattern = re.compile(re.escape(start) + r"seeds=\d+-\d+" + re.escape(suffix))
-    found = (root / directory).glob(f"{glob.escape(start)}seeds=*")
-    return sorted(p for p in found if pattern.fullmatch(p.name))
+def _programs(root: pathlib.Path, run: Run, changed: Changed = ()) -> list[pathlib.Path]:
+    """The workdirs of vmapped programs of `run`'s cell under `root` run with the sweep's
+    overrides `changed` (`<cell>,seeds=A-B...` for any A-B)."""
+    directory = pathlib.PurePosixPath(run.program_folder(0, 0, changed)).parent
+    found = []
+    for path in (root / directory).glob("*seeds=*"):
+        for m in _SEEDS.finditer(path.name):
+            if f"{directory}/{path.name}" == run.program_folder(int(m[1]), int(m[2]), changed):
+                found.append(path)
+                break
+    return sorted(found)
 
 
 def units(runs: Sequence[Run], vmap_seeds: bool = False) -> list[Unit]:
@@ -211,34 +231,36 @@ def read_json(path: pathlib.Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def result_paths(root: str | os.PathLike, run: Run, suffix: str = "") -> list[pathlib.Path]:
-    """Every file that may hold `run`'s results (run with the override set whose folder suffix
-    is `suffix`): its own workdir's results.json, and its seed's in each vmapped program of
-    its cell."""
+def result_paths(root: str | os.PathLike, run: Run, changed: Changed = ()) -> list[pathlib.Path]:
+    """Every file that may hold `run`'s results (run with the sweep's overrides that change it,
+    `changed`): its own workdir's results.json, and its seed's in each vmapped program of its
+    cell."""
     root = pathlib.Path(root)
-    own = [root / f"{run.name}{suffix}" / RESULTS_FILE]
+    own = [root / run.folder(changed) / RESULTS_FILE]
     if run.seed is None:
         return own
-    return own + [p / f"seed_{run.seed}" / RESULTS_FILE for p in _programs(root, run, suffix)]
+    return own + [p / f"seed_{run.seed}" / RESULTS_FILE for p in _programs(root, run, changed)]
 
 
-def run_results(root: str | os.PathLike, run: Run, suffix: str = "") -> dict | None:
+def run_results(root: str | os.PathLike, run: Run, changed: Changed = ()) -> dict | None:
     """The results.json of `run` in the sweep directory `root`: its own workdir's, else that of
     its seed in a vmapped program of its cell; None while it is not finished."""
-    for path in result_paths(root, run, suffix):
+    for path in result_paths(root, run, changed):
         found = read_json(path)
         if found is not None:
             return found
     return None
 
 
-def finished_without_results(root: str | os.PathLike, run: Run, suffix: str = "") -> str | None:
+def finished_without_results(
+    root: str | os.PathLike, run: Run, changed: Changed = ()
+) -> str | None:
     """The workdir of `run` when it looks finished (its metrics.jsonl holds the evaluation after
     its config's last task) but has no readable results.json (deleted, or lost), else None."""
     root = pathlib.Path(root)
-    dirs = [root / f"{run.name}{suffix}"]
+    dirs = [root / run.folder(changed)]
     if run.seed is not None:
-        dirs += [p / f"seed_{run.seed}" for p in _programs(root, run, suffix)]
+        dirs += [p / f"seed_{run.seed}" for p in _programs(root, run, changed)]
     for workdir in dirs:
         config = read_json(workdir / "config.json") or read_json(workdir.parent / "config.json")
         total = (config or {}).get("data", {}).get("num_tasks")
@@ -258,12 +280,12 @@ def finished_without_results(root: str | os.PathLike, run: Run, suffix: str = ""
     return None
 
 
-def run_error(root: str | os.PathLike, run: Run, suffix: str = "") -> str | None:
+def run_error(root: str | os.PathLike, run: Run, changed: Changed = ()) -> str | None:
     """The error line of `run`'s last failed attempt (its own or its vmapped program's)."""
     root = pathlib.Path(root)
     candidates = [
-        root / f"{run.name}{suffix}",
-        *(_programs(root, run, suffix) if run.seed is not None else []),
+        root / run.folder(changed),
+        *(_programs(root, run, changed) if run.seed is not None else []),
     ]
     for directory in candidates:
         try:
@@ -275,8 +297,7 @@ def run_error(root: str | os.PathLike, run: Run, suffix: str = "") -> str | None
 
 def unit_status(root: str | os.PathLike, unit: Unit) -> str:
     """done (every run has results), failed, partial (started) or todo."""
-    suffix = suffix_of(unit.changed)
-    done = all(run_results(root, r, suffix) is not None for r in unit.runs)
+    done = all(run_results(root, r, unit.changed) is not None for r in unit.runs)
     if done:
         return "done"
     workdir = pathlib.Path(root) / unit.name
@@ -286,11 +307,17 @@ def unit_status(root: str | os.PathLike, unit: Unit) -> str:
 
 
 def write_sweep_file(
-    root: str | os.PathLike, experiment: str, overrides: Sequence[str] = ()
+    root: str | os.PathLike,
+    experiment: str,
+    overrides: Sequence[str] = (),
+    where: str | None = None,
+    units: Sequence[Unit] = (),
 ) -> None:
-    """Records the experiment of `root` and the `--config.*` overrides of its latest sweep
-    (`overrides`), with every override set sweeps of `root` have run (`override_sets`, oldest
-    first), atomically: several shards may write it at once."""
+    """Records the experiment of `root`, the `--config.*` overrides and `--where` selection of
+    its latest sweep (`overrides`, `where`), with every override set sweeps of `root` have run
+    (`override_sets`, oldest first) and every (overrides, where) pair (`selections`), and the
+    pairs each `+overrides-<digest>` of `units`' folders stands for (`digests`), atomically:
+    several shards may write it at once."""
     root = pathlib.Path(root)
     root.mkdir(parents=True, exist_ok=True)
     before = read_json(root / SWEEP_FILE) or {}
@@ -298,15 +325,26 @@ def write_sweep_file(
     # are taken for the experiment's own.
     known = before.get("override_sets", [[]] if before else [])
     sets = [list(s) for s in known if isinstance(s, list)]
+    selections = [s for s in before.get("selections") or [] if isinstance(s, dict)]
+    digests = before.get("digests") if isinstance(before.get("digests"), dict) else {}
     if before.get("experiment") not in (None, experiment):
-        sets = []  # another experiment's runs are not this one's
+        sets, selections, digests = [], [], {}  # another experiment's runs are not this one's
     if list(overrides) not in sets:
         sets.append(list(overrides))
+    selection = {"overrides": list(overrides), "where": where or None}
+    if selection not in selections:
+        selections.append(selection)
+    for unit in units:
+        if unit.digested:
+            digests[names.digest(unit.digested)] = [list(p) for p in unit.digested]
     record = {
         "experiment": experiment,
         "python": sys.executable,
         "overrides": list(overrides),
+        "where": where or None,
         "override_sets": sets,
+        "selections": selections,
+        "digests": digests,
     }
     tmp = root / f".{SWEEP_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps(record) + "\n")
@@ -325,3 +363,18 @@ def sweep_overrides(root: str | os.PathLike) -> tuple[list[str], list[list[str]]
     latest = found.get("overrides") or []
     sets = found.get("override_sets") or [latest]
     return list(latest), [list(s) for s in sets if isinstance(s, list)]
+
+
+def sweep_selection(root: str | os.PathLike, overrides: Sequence[str]) -> tuple[str, ...] | None:
+    """The `--where` selections the sweeps of `root` ran with `overrides` (a run is shown when
+    any selects it), or None when one of them ran every run, when none ran these overrides,
+    or when the sweep file predates recorded selections."""
+    found = read_json(pathlib.Path(root) / SWEEP_FILE) or {}
+    wheres = [
+        s.get("where")
+        for s in found.get("selections") or []
+        if isinstance(s, dict) and s.get("overrides") == list(overrides)
+    ]
+    if not wheres or any(not isinstance(w, str) or not w for w in wheres):
+        return None
+    return tuple(dict.fromkeys(wheres))

@@ -12,7 +12,9 @@ Each run has a workdir name, `<config stem>/<key=value,...>`: its arguments sort
 without those that leave the config as its default (so that a run given `tau=6`, the default,
 shares its workdir with the same run given no `tau`) except `method`, `loss` and `seed`, always
 shown (filled in from the config file's defaults where a run does not give them: the demo's
-`demo/loss=aepg,method=lae,seed=0`), and `+field=value` per grid override.
+`demo/loss=aepg,method=lae,seed=0`), and `+field=value` per grid override, or one
+`+overrides-<digest>` for them where they would make the name too long for the file system
+(`names.py`: APER's `cifar100/loss=ce,method=aper,peft=adapter,tasks=20,seed=0+overrides-...`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import math
 import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from aepg_jax.experiments import names
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SEED = "seed"
@@ -132,40 +136,65 @@ class Run:
         """The arguments that change the config, and those of `NAMED` whatever their value
         (filled in from the config when the config file takes them and the run gives none),
         sorted, seed last."""
-        keep = []
-        full = _config_json(self.config, self.arg)
-        for key, value in self.args:
-            rest = _arg_text((k, v) for k, v in self.args if k != key)
-            if key in NAMED or full is None or _config_json(self.config, rest) != full:
-                keep.append((key, value))
-        given = dict(self.args)
-        for key, field in NAMED.items():
-            value = _field(full, field) if full is not None and key not in given else None
-            if isinstance(value, str):  # the config file's own default, when it takes the key
-                with_it = _arg_text((*self.args, (key, value)))
-                if _config_json(self.config, with_it) == full:
-                    keep.append((key, value))
-        return tuple(sorted(keep, key=lambda kv: (kv[0] == SEED, kv[0])))
+        return _canonical_args(self)
 
     @property
     def name(self) -> str:
         """The run's workdir, relative to the sweep's directory."""
-        return _name(self.stem, self.canonical_args(), self.overrides)
+        return self.folder()
+
+    def folder(self, changed: Sequence[tuple[str, str]] = ()) -> str:
+        """The run's workdir with the sweep's overrides that change its result, `changed`
+        ((field, value) pairs, `layout.Unit.changed`)."""
+        return f"{names.stem(self.stem)}/{self._leaf(changed)[0]}"
+
+    def digested(self, changed: Sequence[tuple[str, str]] = ()) -> tuple[tuple[str, str], ...]:
+        """The (field, value) pairs that `folder(changed)` shows as `+overrides-<digest>`."""
+        return self._leaf(changed)[1]
+
+    def _leaf(self, changed, seeds: str = "") -> tuple[str, tuple[tuple[str, str], ...]]:
+        args = self.canonical_args()
+        if seeds:
+            args = tuple(kv for kv in args if kv[0] != SEED)
+        return names.leaf_and_digested(_arg_text(args), self.overrides, changed, seeds)
+
+    def program_folder(self, first: int, last: int, changed: Sequence[tuple[str, str]] = ()) -> str:
+        """The workdir of this run's cell's seeds `first..last` vmapped as one program."""
+        leaf, _ = self._leaf(changed, f"seeds={first}-{last}")
+        return f"{names.stem(self.stem)}/{leaf}"
+
+    def program_digested(
+        self, first: int, last: int, changed: Sequence[tuple[str, str]] = ()
+    ) -> tuple[tuple[str, str], ...]:
+        return self._leaf(changed, f"seeds={first}-{last}")[1]
 
     @property
     def cell_name(self) -> str:
-        """The workdir of this run's seeds vmapped as one program, without `,seeds=a-b`."""
+        """The name of this run's cell (every seed): its folder's without the seed."""
         args = tuple(kv for kv in self.canonical_args() if kv[0] != SEED)
-        return _name(self.stem, args, self.overrides)
+        return f"{names.stem(self.stem)}/{names.leaf(_arg_text(args), self.overrides)}"
 
     def without_seed(self) -> tuple:
         """The identity of this run's cell: everything but the seed."""
         return (self.config, tuple(kv for kv in self.args if kv[0] != SEED), self.overrides)
 
 
-def _name(stem: str, args, overrides) -> str:
-    text = _arg_text(args) + "".join(f"+{k}={v}" for k, v in overrides)
-    return f"{stem}/{text or 'defaults'}"
+@functools.cache
+def _canonical_args(run: Run) -> tuple[tuple[str, str], ...]:
+    keep = []
+    full = _config_json(run.config, run.arg)
+    for key, value in run.args:
+        rest = _arg_text((k, v) for k, v in run.args if k != key)
+        if key in NAMED or full is None or _config_json(run.config, rest) != full:
+            keep.append((key, value))
+    given = dict(run.args)
+    for key, field in NAMED.items():
+        value = _field(full, field) if full is not None and key not in given else None
+        if isinstance(value, str):  # the config file's own default, when it takes the key
+            with_it = _arg_text((*run.args, (key, value)))
+            if _config_json(run.config, with_it) == full:
+                keep.append((key, value))
+    return tuple(sorted(keep, key=lambda kv: (kv[0] == SEED, kv[0])))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,7 +57,7 @@ def status(root: str | None, unit: layout.Unit) -> tuple[str, str]:
         tasks = _tasks(workdir)
         where = f", task {tasks[0]} of {tasks[1]}" if tasks else ""
         return "running", f"{holder.host} pid {holder.pid} since {holder.since_text}{where}"
-    error = layout.run_error(root, unit.runs[0], layout.suffix_of(unit.changed))
+    error = layout.run_error(root, unit.runs[0], unit.changed)
     if (workdir / layout.ERROR_FILE).exists() and error:
         return "failed", error
     return ("partial", "") if (workdir / "config.json").exists() else ("todo", "")

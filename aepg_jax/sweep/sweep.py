@@ -9,13 +9,14 @@ Before any run, every run's config (with the `--config.*` overrides, which go to
 field with its default: `python -m pydoc aepg_jax.config.schema`) is checked as
 `python -m aepg_jax.main` checks it: a problem stops the sweep with one `error:` line (exit 2),
 naming how many runs have it. An override that changes a run's result gives it a run folder of
-its own, `DIR/<run name>+<field>=<value>`; DIR/sweep.json records the overrides, and
-`aepg_jax.tables DIR` shows the runs of the last sweep's. A run folder that holds a run of
-another identity (another config, or other weights: the weights file's sha256) stops the sweep
-in one line naming the fields (`--rerun_changed` keeps it as `<run>.replaced-<time>` and runs
-afresh). Run names are
-`<config>/<arguments>` and always show the method, loss and seed (`--list` prints them with
-their `aepg_jax.main` commands). Any number of sweeps on one DIR (one per GPU, a SLURM array,
+its own, `DIR/<run name>+<field>=<value>`; DIR/sweep.json records the overrides and `--where`,
+and `aepg_jax.tables DIR` shows the runs the last sweep's overrides and selection ran. A run
+folder that holds a run of another identity (another config, or other weights: the weights
+file's sha256) stops the sweep in one line naming the fields (`--rerun_changed` keeps it as
+`<run>.replaced-<time>` and runs afresh). Run names are `<config>/<arguments>` and always show
+the method, loss and seed (`--list` prints them with their `aepg_jax.main` commands); overrides
+that would make a name too long for the file system show as `+overrides-<digest>`, which
+DIR/sweep.json spells out. Any number of sweeps on one DIR (one per GPU, a SLURM array,
 a second node) share the runs, most expensive first, and a run whose sweep died resumes from
 its checkpoint. A run's own output goes to DIR/<run name>/sweep.log; the sweep prints one line
 per run (A_T when done, the ETA). A run that fails on its data is recorded, the others go on
@@ -526,7 +527,7 @@ def main(argv: Sequence[str]) -> int:
         cli.fail(str(err))
     enable_compile_cache(args.compile_cache)
     name = os.path.abspath(args.experiment) if args.experiment.endswith(".py") else experiment.name
-    layout.write_sweep_file(root, name, overrides)
+    layout.write_sweep_file(root, name, overrides, args.where, units)
     try:
         with preemption.catch():
             failed, save_failed = sweep(

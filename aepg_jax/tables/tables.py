@@ -11,20 +11,23 @@ one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it; the runs sh
 of the `--config.*` overrides the last sweep of DIR recorded (their run folders
 `<run>+<field>=<value>`), unless `--config.*` flags are given here (or `--no_overrides`, the
 experiment's own configs); a DIR whose sweeps ran several override sets names them in a
-`note:` line. `--where` shows only the runs it selects, as the sweep's. Figure experiments also
-get their plots, written to `DIR/plots/`. `--html=FILE` also writes the sweep's report, one
-self-contained page that opens offline: these tables with the paper's numbers
-beside ours as charts, the A_t curves of cells that differ only in their loss on one chart
-(mean ± std over seeds), and per run its accuracy-matrix heatmap, loss / alpha / entropy
+`note:` line. The runs shown are those the sweeps of DIR selected with these overrides
+(their `--where`, recorded in DIR/sweep.json; the other cells say `no run selected`), named in
+a first `Shown:` line, unless `--where` is given here (`--where=` for every run). Figure
+experiments also get their plots, written to `DIR/plots/`. `--html=FILE` also writes the
+sweep's report, one self-contained page that opens offline: these tables with the paper's
+numbers beside ours as charts, the A_t curves of cells that differ only in their loss on one
+chart (mean ± std over seeds), and per run its accuracy-matrix heatmap, loss / alpha / entropy
 curves, reliability diagram with ECE / NLL, and its config differences from its cell's other
-runs. A run whose results file cannot be
-read (truncated, say), that is missing from a run folder whose metrics.jsonl holds the last
-task's evaluation, or that holds a non-finite metric is named in one `warning:` line and counted
-as failed in its cell; a run whose results were made with another config than the experiment's
-(its identity differs: a field that changes results, or the content of its weights file;
-where the data is does not) is named with those fields and left out of its cell (`k/n done,
-m of another config`); a run with no results yet is named in its cell's `warning:` line. With
-any of these the command exits with status 1 (the tables are printed all the same).
+runs. A run whose results file cannot be read (truncated, say), that is missing from a run
+folder whose metrics.jsonl holds the last task's evaluation, or that holds a non-finite metric
+is named in one `warning:` line and counted as failed in its cell; a run whose results were
+made with another config than the experiment's (its identity differs: a field that changes
+results, or the content of its weights file; where the data is does not) is named with those
+fields and left out of its cell (`k/n done, m of another config`); the runs with no results
+yet are counted in one `warning:` line (`3 of 10 cells have runs without results ...`). The
+command exits 0 when it printed the tables, 1 when not one run shown has results (it prints
+them all the same), 2 on a bad argument.
 """
 
 from __future__ import annotations
@@ -92,23 +95,45 @@ class Cell:
         return max(1, self.published.decimals) if self.published else 1
 
 
-def damage(root: str, run, results: dict | None, name: str, suffix: str = "") -> str | None:
+def damage(root: str, run, results: dict | None, name: str, changed=()) -> str | None:
     """Why `run`'s results are unusable for metric `name` (None when they are fine or the run
     is not finished): a results file that exists but cannot be read, a run folder that looks
     finished (its last task evaluated) without one, or a non-finite value."""
     if results is None:
-        unreadable = [p for p in layout.result_paths(root, run, suffix) if p.exists()]
+        unreadable = [p for p in layout.result_paths(root, run, changed) if p.exists()]
         if unreadable:
             return f"{unreadable[0]} cannot be read as a results object"
-        lost = layout.finished_without_results(root, run, suffix)
+        lost = layout.finished_without_results(root, run, changed)
         if lost:
             return f"{lost} has its last task's evaluation in metrics.jsonl but no results.json"
         return None
     value = results.get(name)
     finite = isinstance(value, int | float) and math.isfinite(value)
     if name in results and not finite:  # NaN / inf are written as null (runs/records.py)
-        return f"{run.name}: {name} is {value} (not finite)"
+        return f"{run.folder(changed)}: {name} is {value} (not finite)"
     return None
+
+
+@dataclasses.dataclass
+class Tally:
+    """What the cells found: how many select runs (`cells`), the folders of the runs without
+    results per cell (`missing`), and the values read."""
+
+    cells: int = 0
+    missing: dict[tuple[str, str, str], list[str]] = dataclasses.field(default_factory=dict)
+    read: int = 0
+
+    def summary(self) -> str | None:
+        """One line for every cell with runs missing (None: none is)."""
+        if not self.missing:
+            return None
+        runs = sorted({name for names in self.missing.values() for name in names})
+        example = ", ".join(runs[:2])
+        count = f"{len(runs)} run" + "s" * (len(runs) != 1)
+        return (
+            f"{len(self.missing)} of {self.cells} cells have runs without results (not run yet, "
+            f"or running): {count}, e.g. {example}"
+        )
 
 
 def cell(
@@ -119,58 +144,77 @@ def cell(
     col: Column,
     warnings=None,
     view: View | None = None,
+    tally: Tally | None = None,
 ) -> Cell:
     """The runs of (row, col) (those `view.where` selects) and the metric of those that are
     finished with `view.overrides`; a damaged run (`damage`, or a finished-looking run folder
-    without results.json) counts as failed and its reason is added to `warnings` (a set)."""
+    without results.json) counts as failed and its reason is added to `warnings` (a set); the
+    runs without results go to `tally`."""
     view = view or View()
     where = {**row.where, **col.where}
     runs = [r for r in experiment.select(where) if view.selects(r)]
     values, failed, other = [], 0, 0
     missing = []
     for run in runs:
-        suffix = _suffix(run, view.overrides)
-        results = layout.run_results(root, run, suffix)
-        changed = other_config(run, results, view.overrides, root, suffix)
-        if changed:
+        changed = _changed(run, view.overrides)
+        results = layout.run_results(root, run, changed)
+        differs = other_config(run, results, view.overrides, root, changed)
+        if differs:
             other += 1
             if warnings is not None:
                 warnings.add(
-                    f"{run.name}{suffix}: its results are of another config than the "
-                    f"experiment's (differs in: {', '.join(changed)}); left out of its cell: run "
+                    f"{run.folder(changed)}: its results are of another config than the "
+                    f"experiment's (differs in: {', '.join(differs)}); left out of its cell: run "
                     "the sweep again with --rerun_changed"
                 )
             continue
         value = None if results is None else layout.metric(results, col.metric)
-        problem = damage(root, run, results, col.metric, suffix) if value is None else None
+        problem = damage(root, run, results, col.metric, changed) if value is None else None
         if value is not None:
             values.append(value)
         elif problem is not None:
             failed += 1
             if warnings is not None:
                 warnings.add(f"{problem}; counted as failed")
-        elif results is None and layout.run_error(root, run, suffix) is not None:
+        elif results is None and layout.run_error(root, run, changed) is not None:
             failed += 1
         elif results is None:
-            missing.append(run.name + suffix)
-    if missing and warnings is not None:
-        warnings.add(
-            f"{len(missing)} of the runs of cell ({row.label}, {col.label}) have no results "
-            f"(not run yet, or running): {', '.join(missing)}"
-        )
+            missing.append(run.folder(changed))
+    if tally is not None and runs:
+        tally.cells += 1
+        tally.read += len(values)
+        if missing:
+            tally.missing[(table.title, row.label, col.label)] = missing
     return Cell(tuple(values), len(runs), failed, table.published(row, col), other)
 
 
 @dataclasses.dataclass(frozen=True)
 class View:
     """Which runs the tables show: those `where` selects (`key=value,...`, as the sweep's
-    `--where`; None: all), run with the `--config.*` `overrides`."""
+    `--where`, or several such, any of which selects a run; None: all), run with the
+    `--config.*` `overrides`; `recorded`: `where` is the selection DIR's sweeps recorded."""
 
     overrides: tuple[str, ...] = ()
-    where: str | None = None
+    where: str | tuple[str, ...] | None = None
+    recorded: bool = False
+
+    @property
+    def wheres(self) -> tuple[str, ...]:
+        return (self.where,) if isinstance(self.where, str) else tuple(self.where or ())
 
     def selects(self, run) -> bool:
-        return not self.where or bool(experiments.filter_runs([run], self.where))
+        wheres = [w for w in self.wheres if w]
+        return not wheres or any(experiments.filter_runs([run], w) for w in wheres)
+
+    def selection(self, root: str) -> str:
+        """The runs shown, in words: `--where=...` (or several, `or`), with where it comes
+        from (the sweeps of `root`, or the command line); "" for every run."""
+        wheres = [w for w in self.wheres if w]
+        if not wheres:
+            return ""
+        text = " or ".join(f"--where={w}" for w in wheres)
+        source = f"recorded by the sweep of {root}" if self.recorded else "given here"
+        return f"runs {text} ({source}; --where= shows every run)"
 
 
 @functools.cache
@@ -193,15 +237,16 @@ def _configs(run, overrides: tuple[str, ...]) -> tuple[dict, dict] | None:
 
 
 @functools.cache
-def _suffix(run, overrides: tuple[str, ...]) -> str:
-    """The folder suffix the sweep gives `run` under `overrides` (`preflight.changes`)."""
+def _changed(run, overrides: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The (field, value) pairs by which the sweep names `run`'s folder under `overrides`
+    (`preflight.changes`)."""
     configs = _configs(run, overrides) if overrides else None
     if configs is None:
-        return ""
+        return ()
     own, mine = configs
     flat = identity.flatten(mine)
     fields = identity.differences(own, mine, contents=False)
-    return layout.suffix_of([(f, identity.value_text(flat.get(f))) for f in fields])
+    return tuple((f, identity.value_text(flat.get(f))) for f in fields)
 
 
 @functools.cache
@@ -213,7 +258,7 @@ def _expected(run, overrides: tuple[str, ...] = ()) -> dict | None:
 
 
 def other_config(
-    run, results: dict | None, overrides: tuple[str, ...] = (), root: str = "", suffix: str = ""
+    run, results: dict | None, overrides: tuple[str, ...] = (), root: str = "", changed=()
 ) -> list[str]:
     """The fields in which the config `results` were made with (with the input digests its run
     folder's config.json or results record) differs from the experiment's config of `run` with
@@ -222,7 +267,7 @@ def other_config(
     expected = _expected(run, tuple(overrides)) if isinstance(saved, dict) else None
     if expected is None:
         return []
-    folder = layout.read_json(pathlib.Path(root, f"{run.name}{suffix}", "config.json"))
+    folder = layout.read_json(pathlib.Path(root, run.folder(changed), "config.json"))
     found = identity.saved_inputs(folder, results)
     return identity.differences({**saved, identity.INPUTS_KEY: found}, expected)
 
@@ -234,18 +279,23 @@ def shown_results(root: str, view: View):
     def results_of(run) -> dict | None:
         if not view.selects(run):
             return None
-        suffix = _suffix(run, view.overrides)
-        results = layout.run_results(root, run, suffix)
-        return None if other_config(run, results, view.overrides, root, suffix) else results
+        changed = _changed(run, view.overrides)
+        results = layout.run_results(root, run, changed)
+        return None if other_config(run, results, view.overrides, root, changed) else results
 
     return results_of
 
 
 def grid(
-    root: str, experiment: Experiment, table: Table, warnings=None, view: View | None = None
+    root: str,
+    experiment: Experiment,
+    table: Table,
+    warnings=None,
+    view: View | None = None,
+    tally: Tally | None = None,
 ) -> list[list[Cell]]:
     return [
-        [cell(root, experiment, table, r, c, warnings, view) for c in table.columns]
+        [cell(root, experiment, table, r, c, warnings, view, tally) for c in table.columns]
         for r in table.rows
     ]
 
@@ -369,14 +419,20 @@ def render(
     fmt: str,
     warnings: set | None = None,
     view: View | None = None,
+    tally: Tally | None = None,
 ) -> str:
     """Every table of `experiment` from the results under `root` (the runs `view` selects, with
-    its overrides), in `fmt`; the damaged runs' reasons are added to `warnings`."""
+    its overrides, named in a first line of markdown and LaTeX), in `fmt`; the damaged runs'
+    reasons and one line for the runs without results (`Tally.summary`) are added to
+    `warnings`."""
+    tally = Tally() if tally is None else tally
     blocks = [
-        (t, grid(root, e, t, warnings, view))
+        (t, grid(root, e, t, warnings, view, tally))
         for e, tables, _ in experiment.sections()
         for t in tables
     ]
+    if warnings is not None and tally.summary():
+        warnings.add(tally.summary())
     if fmt == "csv":
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, CSV_FIELDS, lineterminator="\n")
@@ -385,7 +441,9 @@ def render(
             writer.writerows(csv_rows(table, cells))
         return buffer.getvalue()
     fn = markdown if fmt == "markdown" else latex
-    return "\n\n".join(fn(t, c) for t, c in blocks) + "\n"
+    selection = view.selection(root) if view else ""
+    head = [(f"Shown: {selection}." if fmt == "markdown" else f"% Shown: {selection}.")]
+    return "\n\n".join(head * bool(selection) + [fn(t, c) for t, c in blocks]) + "\n"
 
 
 def report_runs(root: str, experiment: Experiment, view: View) -> list:
@@ -398,20 +456,20 @@ def report_runs(root: str, experiment: Experiment, view: View) -> list:
         if run.name in seen or not view.selects(run):
             continue
         seen.add(run.name)
-        suffix = _suffix(run, view.overrides)
-        results = layout.run_results(root, run, suffix)
-        paths = [p for p in layout.result_paths(root, run, suffix) if p.exists()]
+        changed = _changed(run, view.overrides)
+        results = layout.run_results(root, run, changed)
+        paths = [p for p in layout.result_paths(root, run, changed) if p.exists()]
         folder = next((p.parent for p in paths if layout.read_json(p) is not None), None)
-        changed = other_config(run, results, view.overrides, root, suffix)
-        error = layout.run_error(root, run, suffix)
+        differs = other_config(run, results, view.overrides, root, changed)
+        error = layout.run_error(root, run, changed)
         if results is None:
             status = f"failed: {error}" if error else "no results (not run yet, or running)"
-        elif changed:
-            status = f"of another config (differs in: {', '.join(changed)}); left out of its cell"
+        elif differs:
+            status = f"of another config (differs in: {', '.join(differs)}); left out of its cell"
         else:
             a_t = layout.metric(results, "A_T")
             status = "done" + (f", A_T {a_t:.2f}" if a_t is not None else "")
-        out.append(report.RunInfo(run, run.name + suffix, folder, results, not changed, status))
+        out.append(report.RunInfo(run, run.folder(changed), folder, results, not differs, status))
     return out
 
 
@@ -425,6 +483,7 @@ def report_page(
 
     view = view or View()
     warnings = set() if warnings is None else warnings
+    tally = Tally()
     blocks = []
     for part, part_tables, _ in experiment.sections():
         for table in part_tables:
@@ -437,12 +496,14 @@ def report_page(
                     )
                     for c in row
                 ]
-                for row in grid(root, part, table, warnings, view)
+                for row in grid(root, part, table, warnings, view, tally)
             ]  # fmt: skip
             blocks.append(report.Block(part, table, cells))
+    if tally.summary():
+        warnings.add(tally.summary())
+    shown = view.selection(root)
     selection = " · ".join(
-        [f"overrides {' '.join(view.overrides)}"] * bool(view.overrides)
-        + [f"runs --where={view.where}"] * bool(view.where)
+        [f"overrides {' '.join(view.overrides)}"] * bool(view.overrides) + [shown] * bool(shown)
     )
     runs = report_runs(root, experiment, view)
     return report.page(root, experiment, blocks, runs, sorted(warnings), LEGEND, selection)
@@ -463,7 +524,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--html", help="also write the sweep's report to this file: one self-contained HTML page"
     )
     parser.add_argument(
-        "--where", help="only the runs whose arguments match, as the sweep's, e.g. method=plain"
+        "--where",
+        help="only the runs whose arguments match, as the sweep's, e.g. method=plain; default: "
+        "the selection the sweeps of DIR recorded; --where= for every run",
     )
     parser.add_argument(
         "--no_overrides",
@@ -496,6 +559,15 @@ def choose_overrides(root: str, args: argparse.Namespace) -> tuple[tuple[str, ..
     )
 
 
+def choose_where(root: str, args: argparse.Namespace, overrides: Sequence[str]) -> View:
+    """The runs shown: `--where` given here ("" for all), else the selections the sweeps of
+    `root` recorded with `overrides` (`layout.sweep_selection`)."""
+    if args.where is not None:
+        return View(tuple(overrides), args.where or None)
+    recorded = layout.sweep_selection(root, overrides)
+    return View(tuple(overrides), recorded, recorded is not None)
+
+
 def main(argv: Sequence[str]) -> int:
     args = parse(argv)
     if not os.path.isdir(args.dir):
@@ -515,17 +587,20 @@ def main(argv: Sequence[str]) -> int:
     if note:
         print(f"note: {note}.", file=sys.stderr)
     unit = layout.Unit((experiment.runs()[0],))
+    view = choose_where(args.dir, args, overrides)
     try:  # a misspelt override is one line, as in the sweep
         from aepg_jax.sweep import preflight
 
         preflight.load_config(unit.config_arg, unit.overrides(overrides))
-        if args.where and not experiments.filter_runs(experiment.runs(), args.where):
-            raise ValueError(f"--where={args.where} matches none of {experiment.name}'s runs.")
+        for where in view.wheres:
+            if where and not experiments.filter_runs(experiment.runs(), where):
+                raise ValueError(f"--where={where} matches none of {experiment.name}'s runs.")
     except ValueError as err:
         cli.fail(str(err))
     warnings: set[str] = set()
-    view = View(overrides, args.where)
     text = render(args.dir, experiment, args.format, warnings, view)
+    if args.format == "csv" and view.selection(args.dir):
+        print(f"note: shown: {view.selection(args.dir)}.", file=sys.stderr)
     if args.out:
         try:
             with open(args.out, "w") as f:
@@ -547,9 +622,17 @@ def main(argv: Sequence[str]) -> int:
         print(f"wrote {args.html} ({len(data) / 1e3:.0f} kB)", file=sys.stderr)
     for problem in sorted(warnings):
         print(f"warning: {problem}.", file=sys.stderr)
+    results_of = shown_results(args.dir, view)
     if not args.no_plots:
         from aepg_jax.tables import plots
 
-        for path in plots.write_plots(args.dir, experiment, shown_results(args.dir, view)):
+        for path in plots.write_plots(args.dir, experiment, results_of):
             print(f"plot: {path}", file=sys.stderr)
-    return 1 if warnings else 0
+    if not any(results_of(run) is not None for run in experiment.runs()):
+        print(
+            f"error: no run shown has results in {args.dir} yet (aepg_jax.sweep --status lists "
+            "the runs).",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
