@@ -24,7 +24,10 @@ as failed in its cell; a run whose results were made with another config than th
 (its identity differs: a field that changes results, or the content of its weights file;
 where the data is does not) is named with those fields and left out of its cell (`k/n done,
 m of another config`); a run with no results yet is named in its cell's `warning:` line. With
-any of these the command exits with status 1 (the tables are printed all the same).
+any of these the command exits with status 1 (the tables are printed all the same). A
+calibration figure (ECE, NLL, test entropy) of a method whose predictions are scores, not
+probabilities (results.json's `calibration_note`; docs/algorithm.md §4) is no failure: its
+cell reads "scores, not probabilities".
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from aepg_jax import experiments
+from aepg_jax.continual import metrics
 from aepg_jax.experiments import Column, Experiment, Published, Row, Table, layout, registry
 from aepg_jax.runs import identity
 from aepg_jax.system import cli
@@ -63,10 +67,16 @@ class Cell:
     failed: int
     published: Published | None
     other: int = 0  # finished runs of another config than the experiment's: left out
+    scores: int = 0  # finished runs whose figure is null: scores, not probabilities
 
     @property
     def n(self) -> int:
         return len(self.values)
+
+    @property
+    def done(self) -> int:
+        """Finished runs: with a number, or with scores instead of probabilities."""
+        return self.n + self.scores
 
     @property
     def mean(self) -> float | None:
@@ -106,6 +116,8 @@ def damage(root: str, run, results: dict | None, name: str, suffix: str = "") ->
         return None
     value = results.get(name)
     finite = isinstance(value, int | float) and math.isfinite(value)
+    if metrics.note_of(results, name):  # scores, not probabilities: null by design
+        return None
     if name in results and not finite:  # NaN / inf are written as null (runs/records.py)
         return f"{run.name}: {name} is {value} (not finite)"
     return None
@@ -126,7 +138,7 @@ def cell(
     view = view or View()
     where = {**row.where, **col.where}
     runs = [r for r in experiment.select(where) if view.selects(r)]
-    values, failed, other = [], 0, 0
+    values, failed, other, scores = [], 0, 0, 0
     missing = []
     for run in runs:
         suffix = _suffix(run, view.overrides)
@@ -145,6 +157,8 @@ def cell(
         problem = damage(root, run, results, col.metric, suffix) if value is None else None
         if value is not None:
             values.append(value)
+        elif results is not None and metrics.note_of(results, col.metric):
+            scores += 1
         elif problem is not None:
             failed += 1
             if warnings is not None:
@@ -158,7 +172,7 @@ def cell(
             f"{len(missing)} of the runs of cell ({row.label}, {col.label}) have no results "
             f"(not run yet, or running): {', '.join(missing)}"
         )
-    return Cell(tuple(values), len(runs), failed, table.published(row, col), other)
+    return Cell(tuple(values), len(runs), failed, table.published(row, col), other, scores)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,12 +273,12 @@ def ours_text(c: Cell, pm: str = "±") -> str:
         return "— (no run selected)"
     d = c.decimals()
     if c.mean is None:
-        text = "—"
+        text = metrics.SCORES if c.scores else "—"
     else:
         text = _num(c.mean, d) + (f" {pm} {_num(c.std, d)}" if c.std is not None else "")
-    if c.n == c.expected and c.expected:
-        return f"{text} (n={c.n})"
-    status = f"{c.n}/{c.expected} done" + (f", {c.failed} failed" if c.failed else "")
+    if c.done == c.expected and c.expected:
+        return f"{text} (n={c.done})"
+    status = f"{c.done}/{c.expected} done" + (f", {c.failed} failed" if c.failed else "")
     status += f", {c.other} of another config" if c.other else ""
     return f"{text} ({status})"
 
@@ -346,6 +360,7 @@ CSV_FIELDS = (
     "paper_pm",
     "diff",
     "flagged",
+    "note",
 )
 
 
@@ -358,7 +373,7 @@ def csv_rows(table: Table, cells: list[list[Cell]]) -> list[dict]:
                 table=table.title, row=row.label, column=col.label, metric=col.metric, n=c.n,
                 expected=c.expected, failed=c.failed, mean=c.mean, std=c.std,
                 paper_mean=p.mean if p else None, paper_pm=p.pm if p else None, diff=c.diff,
-                flagged=int(c.flagged),
+                flagged=int(c.flagged), note=metrics.SCORES if c.scores and not c.n else "",
             ))  # fmt: skip
     return out
 
