@@ -241,6 +241,12 @@ def finite_rows(tree: Any) -> jax.Array:
 
 
 @jax.jit
+def all_finite(tree: Any) -> jax.Array:
+    """() True where every leaf of `tree` is finite: one program per tree structure."""
+    return jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]).all()
+
+
+@jax.jit
 def factorable(covariances: jax.Array) -> jax.Array:
     """(C,) True where `sample` can draw from class c: its covariance (D, D) has a finite
     Cholesky factor in float32, or its variances (D,) a finite square root."""
@@ -288,7 +294,7 @@ def check_alignment(
     task `task` (0-based) on draws from `covariances` (C, D, D) or variances (C, D) is not
     finite: naming the first `seen` class whose covariance cannot be factored (its draws are
     NaN), or else the alignment itself; `fix` says what to change."""
-    if all(bool(_host(jnp.isfinite(x).all())) for x in jax.tree.leaves(aligned)):
+    if bool(_host(all_finite(aligned))):
         return
     bad = np.flatnonzero(np.asarray(seen) & ~_host(factorable(covariances)))
     after = f"after task {task + 1}"
