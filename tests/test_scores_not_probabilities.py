@@ -221,7 +221,7 @@ def test_a_task_the_method_does_not_train_may_be_smaller_than_a_batch():
 
 
 def _cli(tmp_path: pathlib.Path, *flags: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), fit.ENV: "1"}
     argv = [sys.executable, "-m", "aepg_jax.main", "--config=configs/default.py", *flags]
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
