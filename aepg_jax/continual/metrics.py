@@ -61,12 +61,13 @@ from typing import Any
 
 import numpy as np
 
+# What a table prints instead of a calibration figure of a predictor that outputs scores.
+from aepg_jax.methods.base import SCORES as SCORES
+
 # The calibration figures kept per predictor and task (`calibration`).
 CALIBRATION = ("ece", "nll", "entropy")
 # The summary's keys of those figures, null for a predictor that outputs scores.
 CALIBRATION_KEYS = ("ece", "ece_T", "nll", "nll_T", "test_entropy", "test_entropy_T")
-# What a table prints instead of such a figure; a note reads "<SCORES>: <why>".
-SCORES = "scores, not probabilities"
 
 
 def _finite_or_none(x: float, scale: float = 1.0) -> float | None:

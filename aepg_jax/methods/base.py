@@ -47,7 +47,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax.continual.metrics import SCORES
 from aepg_jax.models import partition, vit
 
 Params = dict[str, Any]
@@ -90,6 +89,10 @@ class TaskSpec:
         """(C,) True for the classes of tasks 0..t."""
         return jnp.arange(num_classes) < self.stop
 
+
+# What the reports print instead of a calibration figure of a predictor in `Method.scores`;
+# its note reads "<SCORES>: <why>".
+SCORES = "scores, not probabilities"
 
 NEG = -1e30  # the logit of a masked class: softmax gives it probability 0 (exp underflows)
 
