@@ -282,15 +282,10 @@ class Bookkeeping:
         """A seed's tracker (from a checkpoint's `saved` dict), with the method's notes on the
         predictors that output scores (the method decides, also for an older checkpoint)."""
         m = self.run.method
-        tracker = (
-            metrics.AccuracyTracker(num_tasks, m.predictors)
-            if saved is None
-            else metrics.AccuracyTracker.from_dict(
-                {**saved, "notes": m.calibration_notes(), "entropy_note": m.entropy_note()}
-            )
-        )
-        tracker.notes, tracker.entropy_note = m.calibration_notes(), m.entropy_note()
-        return tracker
+        notes, entropy = m.calibration_notes(), m.entropy_note()
+        if saved is None:
+            return metrics.AccuracyTracker(num_tasks, m.predictors, notes, entropy)
+        return metrics.AccuracyTracker.from_dict({**saved, "notes": notes, "entropy_note": entropy})
 
     def elapsed(self) -> float:
         """Wall seconds of this run, earlier (resumed) sessions included."""
