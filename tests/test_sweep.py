@@ -92,7 +92,7 @@ def test_markdown_and_latex_of_a_fake_results_tree(tmp_path):
     assert tables.render(str(tmp_path), FAKE, "latex") == LATEX
     rows = tables.render(str(tmp_path), FAKE, "csv").splitlines()
     assert rows[0] == ",".join(tables.CSV_FIELDS)
-    assert rows[1] == "Fake table,CE,A_5,A_T,3,3,0,52.0,2.0,50.5,0.2,1.5,1"
+    assert rows[1] == "Fake table,CE,A_5,A_T,3,3,0,52.0,2.0,50.5,0.2,1.5,1,"
     assert len(rows) == 5
 
 

@@ -23,7 +23,8 @@ Before that, before anything is built (no cache, no pretraining), `check_config`
 whose attention scores alone cannot fit: every block materialises the scores of its heads,
 `B x heads x T x T` values in the compute dtype (`T` tokens: patches + the class token), so one
 block's scores are a lower bound on a step's memory. A mistyped `model.image_size` (2044 for
-224) stops there within seconds.
+224) stops there within seconds. The method's own config-fixed memory is checked there too
+(`Method.memory_problems`: RanPAC's `method.ranpac_m`, whose Gram matrix is M^2 floats).
 
 `AEPG_FIT_CHECK=0` skips both (the programs then compile at their first call).
 """
@@ -37,6 +38,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from aepg_jax import methods
 from aepg_jax.system import host_memory
 
 ENV = "AEPG_FIT_CHECK"
@@ -95,7 +97,8 @@ def attention_bytes(model: ml_collections.ConfigDict, batch: int) -> int:
 
 def check_config(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
     """Raises `DoesNotFit` when one block's attention scores of the train or the evaluation
-    batch (per device, all seeds) exceed the memory left: made from the config alone."""
+    batch (per device, all seeds) exceed the memory left, or the method's config-fixed memory
+    (`Method.memory_problems`) does: made from the config alone."""
     if not enabled():
         return
     left, where = available()
@@ -117,6 +120,10 @@ def check_config(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
                 f"model.image_size (and data.store_size), or lower {field} (`python -m "
                 f"aepg_jax.plan --max_batch` finds the largest; {ENV}=0 skips this check)."
             )
+    method = methods.get(cfg.method.name)
+    problems = method.memory_problems(cfg, left, where, -(-seeds // num_devices))
+    if problems:
+        raise DoesNotFit(f"{problems[0][:-1]} ({ENV}=0 skips this check).")
 
 
 @dataclasses.dataclass(frozen=True)

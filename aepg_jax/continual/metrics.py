@@ -44,7 +44,10 @@ y_i]`, probability of the true class `p_i(y_i)` and entropy `H_i = -sum_k p_i(k)
     * `entropy = mean_i H_i`                          mean entropy of the predictions in nats
 
 Each is over every seen test example after a task (the classes of later tasks have probability
-0: `methods/base.py` `mask_unseen`).
+0: `methods/base.py` `mask_unseen`). They are a property of a trained probability model: a
+predictor that outputs scores (cosines, a ridge readout; `Method.scores`) has none. Its figures
+are NaN here and null in `summary`, with `calibration_note` = "scores, not probabilities:
+<why>"; likewise the logged entropy (`entropy_note`) when `predict`'s logits are scores.
 
 Accuracies are fractions in [0, 1] everywhere in this module except in `summary`, which reports
 percent (0-100) and JSON-ready `None` for values that are undefined or not yet evaluated.
@@ -58,8 +61,13 @@ from typing import Any
 
 import numpy as np
 
+# What a table prints instead of a calibration figure of a predictor that outputs scores.
+from aepg_jax.methods.base import SCORES as SCORES
+
 # The calibration figures kept per predictor and task (`calibration`).
 CALIBRATION = ("ece", "nll", "entropy")
+# The summary's keys of those figures, null for a predictor that outputs scores.
+CALIBRATION_KEYS = ("ece", "ece_T", "nll", "nll_T", "test_entropy", "test_entropy_T")
 
 
 def _finite_or_none(x: float, scale: float = 1.0) -> float | None:
@@ -83,9 +91,19 @@ class AccuracyTracker:
     over all seen classes), NaN where not recorded. `calibration[p][k]` (T,) float64 for k in
     `CALIBRATION`: the calibration of `p`'s predictions after task j over all seen test samples
     (`calibration`; ECE a fraction, NLL and entropy in nats), NaN where not recorded.
+
+    `notes` {predictor: "scores, not probabilities: <why>"} names the predictors whose outputs
+    are scores: their calibration is never recorded (NaN); `entropy_note` likewise for the
+    logged entropy (`Method.calibration_notes`, `Method.entropy_note`).
     """
 
-    def __init__(self, num_tasks: int, predictors: Sequence[str]):
+    def __init__(
+        self,
+        num_tasks: int,
+        predictors: Sequence[str],
+        notes: Mapping[str, str] | None = None,
+        entropy_note: str | None = None,
+    ):
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1; got {num_tasks}.")
         predictors = tuple(predictors)
@@ -103,6 +121,8 @@ class AccuracyTracker:
         self.calibration = {
             p: {k: np.full((num_tasks,), np.nan) for k in CALIBRATION} for p in predictors
         }
+        self.notes = {p: str(n) for p, n in (notes or {}).items() if p in predictors}
+        self.entropy_note = entropy_note or None
 
     def matrix(self, predictor: str) -> np.ndarray:
         """The (T, T) accuracy matrix of `predictor` (fractions, NaN where not evaluated)."""
@@ -151,15 +171,26 @@ class AccuracyTracker:
         self.task_accuracy[predictor][task, after_task] = task_correct / total if own else np.nan
 
     def record_entropy(self, after_task: int, value: float) -> None:
-        """Stores the mean predictive entropy of the evaluation after task `after_task`."""
+        """Stores the mean predictive entropy of the evaluation after task `after_task` (NaN
+        with an `entropy_note`: the entropy of scores is no property of the model)."""
         self._check_after_task(after_task)
-        self.entropy[after_task] = float(value)
+        self.entropy[after_task] = math.nan if self.entropy_note else float(value)
 
     def record_calibration(self, after_task: int, predictor: str, values: Mapping[str, float]):
-        """Stores `predictor`'s calibration `{"ece", "nll", "entropy"}` after `after_task`."""
+        """Stores `predictor`'s calibration `{"ece", "nll", "entropy"}` after `after_task`
+        (nothing for a predictor with a note: its figures stay NaN)."""
         self._check_after_task(after_task)
+        if predictor in self.notes:
+            return
         for k in CALIBRATION:
             self.calibration[predictor][k][after_task] = float(values[k])
+
+    def logged_entropy(self) -> list[float | None]:
+        """The logged entropy per evaluation, JSON-ready (None where not recorded, and
+        everywhere with an `entropy_note`)."""
+        if self.entropy_note:
+            return [None] * self.num_tasks
+        return [_finite_or_none(v) for v in self.entropy]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable state; NaN and unevaluated counts become None."""
@@ -186,13 +217,16 @@ class AccuracyTracker:
                 p: {k: [_finite_or_none(v) for v in c[k]] for k in CALIBRATION}
                 for p, c in self.calibration.items()
             },
+            "notes": dict(self.notes),
+            "entropy_note": self.entropy_note,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AccuracyTracker:
         """Inverse of `to_dict`; accuracies are re-derived from the counts. A dict without
-        `task_correct` leaves the task-incremental matrices unrecorded."""
-        tracker = cls(d["num_tasks"], d["predictors"])
+        `task_correct` leaves the task-incremental matrices unrecorded; one without `notes`
+        (an older run's) has none."""
+        tracker = cls(d["num_tasks"], d["predictors"], d.get("notes"), d.get("entropy_note"))
         shape = (tracker.num_tasks, tracker.num_tasks)
         for p in tracker.predictors:
             own = (d.get("task_correct") or {}).get(p) or [[None] * shape[1]] * shape[0]
@@ -205,8 +239,12 @@ class AccuracyTracker:
             [np.nan if v is None else v for v in d["entropy"]], dtype=np.float64
         )
         for p, c in (d.get("calibration") or {}).items():
+            if p in tracker.notes:
+                continue
             for k in CALIBRATION:
                 tracker.calibration[p][k] = as_float_array(c[k])
+        if tracker.entropy_note:
+            tracker.entropy[:] = np.nan
         return tracker
 
 
@@ -325,7 +363,8 @@ def summary(tracker: AccuracyTracker, predictor: str) -> dict[str, Any]:
     `task_incremental_avg_inc_acc` (the same on `a_TI`, None where not recorded),
     `tasks_evaluated`; `ece` (%), `nll`, `test_entropy` (nats) after each task (length T,
     None where not recorded) and their values after task n-1, `ece_T`, `nll_T`,
-    `test_entropy_T`.
+    `test_entropy_T`: all None for a predictor with a note in `tracker.notes`, whose
+    `calibration_note` ("scores, not probabilities: <why>") is then a key too.
     """
     a = tracker.accuracy[predictor]
     n = num_evaluated(a)
@@ -357,13 +396,20 @@ def summary(tracker: AccuracyTracker, predictor: str) -> dict[str, Any]:
         "task_incremental_A_t": [_finite_or_none(v, 100.0) for v in a_ti_t],
         "task_incremental_A_T": pct(lambda: a_ti_t[n - 1]),
         "task_incremental_avg_inc_acc": pct(lambda: np.mean(a_ti_t[:n])),
-        **_calibration_summary(tracker.calibration[predictor], n),
+        **_calibration_summary(tracker.calibration[predictor], n, tracker.notes.get(predictor)),
     }
 
 
-def _calibration_summary(cal: Mapping[str, np.ndarray], n: int) -> dict[str, Any]:
-    """The summary's calibration keys: per task and after task n-1 (ECE in percent)."""
-    out: dict[str, Any] = {}
+def _calibration_summary(
+    cal: Mapping[str, np.ndarray], n: int, note: str | None = None
+) -> dict[str, Any]:
+    """The summary's calibration keys: per task and after task n-1 (ECE in percent); with a
+    `note` (scores, not probabilities) None everywhere and `calibration_note`."""
+    if note:
+        out: dict[str, Any] = {k: None for k in CALIBRATION_KEYS}
+        out.update({k: [None] * len(cal["ece"]) for k in ("ece", "nll", "test_entropy")})
+        return {**out, "calibration_note": note}
+    out = {}
     for key, name, scale in (
         ("ece", "ece", 100.0),
         ("nll", "nll", 1.0),
@@ -373,6 +419,17 @@ def _calibration_summary(cal: Mapping[str, np.ndarray], n: int) -> dict[str, Any
         out[name] = [_finite_or_none(v, scale) for v in values]
         out[f"{name}_T"] = _finite_or_none(values[n - 1], scale) if n else None
     return out
+
+
+def note_of(results: Mapping[str, Any], key: str) -> str | None:
+    """Why `key` of a results.json dict (or one predictor's `summary`) holds no number because
+    its predictor outputs scores, not probabilities (None: no such reason). `H_T` is the logged
+    entropy after the last task (`experiments/layout.metric`)."""
+    if key in CALIBRATION_KEYS:
+        return results.get("calibration_note")
+    if key in ("entropy", "H_T"):
+        return results.get("entropy_note")
+    return None
 
 
 def as_float_array(x: Any) -> np.ndarray:

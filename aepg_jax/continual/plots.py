@@ -158,8 +158,9 @@ def write_plots(
 ) -> list[Path]:
     """Writes accuracy_matrix.png (primary predictor), training_curves.png,
     incremental_accuracy.png (every predictor) and, when the run kept its predictions,
-    reliability.png (every predictor, after the last task evaluated) into `workdir`; returns
-    their paths."""
+    reliability.png (every predictor with calibration, after the last task evaluated; none
+    when every predictor outputs scores, not probabilities) into `workdir`; returns their
+    paths."""
     workdir = Path(workdir)
     paths = [
         workdir / n
@@ -178,8 +179,11 @@ def write_plots(
         label = arrays["label"][last]
         kept = {}
         for p in results["predictors"]:
+            if methods.get(p, {}).get("calibration_note"):
+                continue  # scores, not probabilities: no reliability
             c = predictions.predictor_columns(arrays, p)
             kept[p] = (c["top_probs"][last, 0], c["top_classes"][last, 0] == label)
-        paths.append(workdir / "reliability.png")
-        plot_reliability(kept, paths[-1])
+        if kept:
+            paths.append(workdir / "reliability.png")
+            plot_reliability(kept, paths[-1])
     return paths

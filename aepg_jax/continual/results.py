@@ -66,7 +66,8 @@ def build_results(
     `forgetting_stepwise`, `bwt`, `old_new_accuracy`, `task_incremental_matrix`,
     `task_incremental_A_t`, `task_incremental_A_T`, `task_incremental_avg_inc_acc`; %),
     `class_order` (the original class ids in the order trained; only when given), `entropy`
-    (per evaluation, None where not recorded), `wall_time_s`, `tracker`
+    (per evaluation, None where not recorded, and everywhere with `entropy_note`: the logits
+    `predict` names are scores, not probabilities), `wall_time_s`, `tracker`
     (`AccuracyTracker.to_dict()`, enough to rebuild everything), and `provenance`'s keys
     (the driver's: `backbone_fingerprint`, `backbone_source`, `environment`).
     """
@@ -81,7 +82,8 @@ def build_results(
         "methods": methods,
         **methods[primary],
         **({} if class_order is None else {"class_order": [int(c) for c in class_order]}),
-        "entropy": [None if not math.isfinite(v) else float(v) for v in tracker.entropy],
+        "entropy": tracker.logged_entropy(),
+        **({"entropy_note": tracker.entropy_note} if tracker.entropy_note else {}),
         "wall_time_s": float(wall_time_s),
         "tracker": tracker.to_dict(),
         **to_jsonable(dict(provenance or {})),
@@ -180,6 +182,14 @@ def _fmt(x: Any, width: int = 7, digits: int = 2) -> str:
     return f"{x:>{width}.{digits}f}" if records.is_number(x) else f"{'-':>{width}}"
 
 
+def _calibration_cells(m: Mapping[str, Any]) -> str:
+    """A predictor's ECE_T, NLL_T and H_T columns, or "scores, not probabilities" instead."""
+    if m.get("calibration_note"):
+        return f"  {metrics.SCORES}"
+    ece, nll, h = m.get("ece_T"), m.get("nll_T"), m.get("test_entropy_T")
+    return f"{_fmt(ece, 8)}{_fmt(nll, 9, 3)}{_fmt(h, 8, 3)}"
+
+
 def _fmt_duration(seconds: Any) -> str:
     if not records.is_number(seconds):
         return "-"
@@ -218,7 +228,11 @@ def final_table(results: Mapping[str, Any]) -> str:
         ("ECE_T (%)", "ece_T"),
         ("NLL_T (nats)", "nll_T"),
     ]
-    lines += [f"{name:<18}{_fmt(results.get(key), 8)}" for name, key in more if key in results]
+    for name, key in more:
+        if key in results:
+            note = metrics.note_of(results, key)
+            value = f"  {metrics.SCORES}" if note else _fmt(results.get(key), 8)
+            lines.append(f"{name:<18}{value}")
     n = results.get("tasks_evaluated")
     old_new = results.get("old_new_accuracy")
     if old_new and isinstance(n, int) and n > 0:
@@ -247,10 +261,7 @@ def final_table(results: Mapping[str, Any]) -> str:
             lines.append("")
             lines.append(f"{'predictor':<18}{'ECE_T':>8}{'NLL_T':>9}{'H_T':>8}")
             for name, m in methods.items():
-                lines.append(
-                    f"{name:<18}{_fmt(m.get('ece_T'), 8)}{_fmt(m.get('nll_T'), 9, 3)}"
-                    f"{_fmt(m.get('test_entropy_T'), 8, 3)}"
-                )
+                lines.append(f"{name:<18}{_calibration_cells(m)}")
     return "\n".join(lines)
 
 
@@ -263,11 +274,18 @@ class Bookkeeping:
         self.run = run
         self.seed_dirs = records.seed_dirs(run.workdir, run.axis.seeds)
         self.writers = records.open_writers(run.cfg, self.seed_dirs, enabled=run.is_main)
-        self.trackers = [
-            metrics.AccuracyTracker(run.num_tasks, run.method.predictors) for _ in run.axis.seeds
-        ]
+        self.trackers = [self._tracker(run.num_tasks) for _ in run.axis.seeds]
         self.elapsed_before = 0.0
         self.started = time.time()
+
+    def _tracker(self, num_tasks: int, saved: dict | None = None) -> metrics.AccuracyTracker:
+        """A seed's tracker (from a checkpoint's `saved` dict), with the method's notes on the
+        predictors that output scores (the method decides, also for an older checkpoint)."""
+        m = self.run.method
+        notes, entropy = m.calibration_notes(), m.entropy_note()
+        if saved is None:
+            return metrics.AccuracyTracker(num_tasks, m.predictors, notes, entropy)
+        return metrics.AccuracyTracker.from_dict({**saved, "notes": notes, "entropy_note": entropy})
 
     def elapsed(self) -> float:
         """Wall seconds of this run, earlier (resumed) sessions included."""
@@ -289,7 +307,7 @@ class Bookkeeping:
 
     def resume_from(self, meta: dict) -> None:
         """Takes the trackers and elapsed time of a restored checkpoint."""
-        self.trackers = [metrics.AccuracyTracker.from_dict(d) for d in meta["trackers"]]
+        self.trackers = [self._tracker(d["num_tasks"], d) for d in meta["trackers"]]
         self.elapsed_before = meta["elapsed_s"]
 
     def rewind(self, cut: records.Cut) -> None:
@@ -323,7 +341,7 @@ class Bookkeeping:
                     * metrics.pooled_accuracy(
                         tracker.correct[primary], tracker.total[primary], task
                     ),
-                    "entropy": result["entropy"],
+                    "entropy": tracker.entropy[task],  # NaN (null) with an entropy note
                     "calibration": {
                         p: {k: tracker.calibration[p][k][task] for k in metrics.CALIBRATION}
                         for p in predictors
@@ -347,9 +365,13 @@ class Bookkeeping:
     def _kept_meta(self) -> dict:
         """The kept predictions' metadata (`predictions.py`)."""
         tasks = self.run.data.tasks
+        method = self.run.method
+        notes = method.calibration_notes()
         return {
             "format": predictions.FORMAT,
-            "predictors": list(self.run.method.predictors),
+            "predictors": list(method.predictors),
+            "notes": [notes.get(p, "") for p in method.predictors],
+            "entropy_note": method.entropy_note() or "",
             "task_offsets": [t.offset for t in tasks.tasks],
             "task_sizes": [t.num_classes for t in tasks.tasks],
             "num_classes": sum(self.run.head_sizes),

@@ -78,18 +78,18 @@ class TaskPlan:
 
 def plan_task(cfg: ml_collections.ConfigDict, task: splits.Task) -> TaskPlan:
     """`epochs * floor(examples / batch)` steps (capped by `max_steps_per_task`; none on a task
-    the method does not train), the first `total * peft_freeze_epochs / epochs` of them
-    head-only for tasks >= 1."""
+    the method does not train, which may be smaller than a batch), the first
+    `total * peft_freeze_epochs / epochs` of them head-only for tasks >= 1."""
     o = cfg.optim
     per_epoch = loader.num_batches(len(task.train_indices), o.batch_size, drop_last=True)
+    if not methods.get(cfg.method.name)(cfg).trains_task(task.index):
+        return TaskPlan(per_epoch, 0, 0)
     if per_epoch == 0:
         raise ValueError(
             f"Task {task.index} has {len(task.train_indices)} training examples, fewer than "
             f"optim.batch_size={o.batch_size}; lower the batch size or use fewer tasks."
         )
     total = o.epochs * per_epoch
-    if not methods.get(cfg.method.name)(cfg).trains_task(task.index):
-        total = 0
     if cfg.max_steps_per_task:
         total = min(total, cfg.max_steps_per_task)
     freeze = int(total * o.peft_freeze_epochs / o.epochs) if task.index >= 1 else 0

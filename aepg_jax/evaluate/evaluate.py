@@ -4,7 +4,9 @@ Reads each seed's `predictions.npz` (`runs/predictions.py`), no model and no che
 rebuilds the accuracy counts of every evaluation and from them the metrics of results.json
 (`continual/metrics.summary`: accuracy matrices, A_t, forgetting, BWT, ...), the calibration
 (ECE, NLL, test entropy) and the logged entropy, checks them against results.json, and adds
-what the kept predictions allow beyond it:
+what the kept predictions allow beyond it. A predictor that outputs scores, not probabilities
+(a note in the file's metadata or in results.json) gets no calibration here either: null, with
+its `calibration_note`.
 
     * top-5 accuracy (the label among the K = 5 most probable classes) after each task, as an
       incremental mean over the seen tasks like A_t;
@@ -68,12 +70,20 @@ EXACT = (
 )
 
 
-def tracker_of(arrays: Mapping[str, np.ndarray]) -> metrics.AccuracyTracker:
+def tracker_of(
+    arrays: Mapping[str, np.ndarray],
+    notes: Mapping[str, str] | None = None,
+    entropy_note: str | None = None,
+) -> metrics.AccuracyTracker:
     """The accuracy tracker of a run rebuilt from its kept predictions: counts, task-incremental
-    counts, logged entropy and calibration of every evaluation."""
+    counts, logged entropy and calibration of every evaluation (none for the predictors with a
+    note, the file's and `notes`; no logged entropy with the file's or this `entropy_note`)."""
     preds = [str(p) for p in arrays["meta/predictors"]]
     num_tasks = len(arrays["meta/task_sizes"])
-    tracker = metrics.AccuracyTracker(num_tasks, preds)
+    kept_notes, kept_entropy = predictions.notes_of(arrays)
+    tracker = metrics.AccuracyTracker(
+        num_tasks, preds, {**kept_notes, **(notes or {})}, entropy_note or kept_entropy
+    )
     after, task, label = arrays["after_task"], arrays["task"], arrays["label"]
     for j in np.unique(after):
         rows = after == j
@@ -160,20 +170,24 @@ def evaluate_dir(directory: str, arrays: Mapping[str, np.ndarray] | None = None)
     unless given as `arrays`, and results.json)."""
     path = os.path.join(directory, predictions.FILE)
     arrays = kept(directory) if arrays is None else arrays
-    tracker = tracker_of(arrays)
+    results_path = os.path.join(directory, records.RESULTS_FILE)
+    results = None
+    if os.path.exists(results_path):
+        with open(results_path, encoding="utf-8") as f:
+            results = json.load(f)
+    # results.json's notes hold too: where it has no calibration, none is recomputed.
+    stored = (results or {}).get("methods") or {}
+    notes = {p: m["calibration_note"] for p, m in stored.items() if m.get("calibration_note")}
+    tracker = tracker_of(arrays, notes, (results or {}).get("entropy_note"))
     recomputed = {p: metrics.summary(tracker, p) for p in tracker.predictors}
-    recomputed[tracker.predictors[0]]["entropy"] = [
-        None if not math.isfinite(v) else float(v) for v in tracker.entropy
-    ]
+    recomputed[tracker.predictors[0]]["entropy"] = tracker.logged_entropy()
     out: dict[str, Any] = {
         "predictions": {"file": predictions.FILE, "sha256": predictions.sha256(path)},
         "methods": recomputed,
         "beyond": beyond(arrays),
     }
-    results_path = os.path.join(directory, records.RESULTS_FILE)
-    if os.path.exists(results_path):
-        with open(results_path, encoding="utf-8") as f:
-            out["differs_from_results"] = differences(recomputed, json.load(f))
+    if results is not None:
+        out["differs_from_results"] = differences(recomputed, results)
     return out
 
 
@@ -269,9 +283,14 @@ def summary_lines(directory: str, out: Mapping[str, Any]) -> list[str]:
     for p, m in out["methods"].items():
         n = m["tasks_evaluated"]
         top5 = out["beyond"][p]["top5_A_t"][n - 1] if n else None
+        calibration = (
+            f" {metrics.SCORES}"
+            if m.get("calibration_note")
+            else f" {_fmt(m['ece_T'])} {_fmt(m['nll_T'])}"
+        )
         lines.append(
             f"  {p:<14}{_fmt(m['A_T'])} {_fmt(m['avg_inc_acc'])} {_fmt(top5)} {_fmt(m['bwt'])}"
-            f" {_fmt(m['ece_T'])} {_fmt(m['nll_T'])}"
+            + calibration
         )
     diff = out.get("differs_from_results")
     if diff is None:

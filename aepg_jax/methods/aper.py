@@ -19,6 +19,12 @@ domain's images add to the class means (the paper is class-incremental only).
 Trainable: the task heads (unused), `model.peft`'s leaves and `head/aper_cosine/{weight (C, D),
 sigma ()}`; the PEFT leaves and the adaptation head train at task 0 only. Method state: the
 prototype sums and counts of `simplecil.Prototypes`, over 2D features.
+
+The predictions are scores, not probabilities (`Method.scores`): the trained scale sigma belongs
+to the adaptation head, discarded after task 0; the prototype classifier that predicts is a
+cosine with no trained scale (the reference's `MultiBranchCosineIncrementalNet` builds a fresh
+`CosineLinear`, sigma 1, and fills its weights with the prototypes). No calibration is reported
+(docs/algorithm.md §4).
 """
 
 from __future__ import annotations
@@ -52,6 +58,10 @@ class Aper(Prototypes):
     uses_model_peft: ClassVar[bool] = True
     defaults: ClassVar[dict[str, Any]] = {}
     eval_forwards: ClassVar[int] = 2  # the pretrained and the adapted backbone
+    scores: ClassVar[dict[str, str]] = {
+        "model": "cosine similarities to the class means, in [-1, 1]; the trained scale sigma "
+        "left with the adaptation head after task 0"
+    }
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         super().__init__(cfg)

@@ -25,9 +25,15 @@ Planning (`aepg_jax.plan`, shapes only):
         the method's own jitted programs besides the train and eval steps
 Config:
     defaults: {field: value} added to `method.*`;  check(cfg) -> [problems]
+    memory_problems(cfg, left, where, seeds) -> [problems]   what cannot fit, before any build
     reference_settings: {"optim.field": value} of the method's reference implementation
     uses_model_peft: whether the method trains the `model.peft` modules
     head_init: how its task heads start (`models/head.py` INITS; normal unless it says)
+Reports:
+    scores: {predictor: why its outputs are scores, not a trained probability model}; their
+        calibration (ECE, NLL, test entropy, reliability) is null in results.json with the note
+        "scores, not probabilities: <why>" (`calibration_notes`); default: none
+    logged_predictor: the predictor whose logits `predict` returns (the first unless said)
 """
 
 from __future__ import annotations
@@ -83,6 +89,10 @@ class TaskSpec:
         """(C,) True for the classes of tasks 0..t."""
         return jnp.arange(num_classes) < self.stop
 
+
+# What the reports print instead of a calibration figure of a predictor in `Method.scores`;
+# its note reads "<SCORES>: <why>".
+SCORES = "scores, not probabilities"
 
 NEG = -1e30  # the logit of a masked class: softmax gives it probability 0 (exp underflows)
 
@@ -158,9 +168,25 @@ class Method:
     extra_train_forwards: ClassVar[int] = 0
     eval_forwards: ClassVar[int] = 1
     task_data_passes: ClassVar[int] = 0
+    # Calibration (docs/algorithm.md §4) belongs to a trained probability model: a softmax of
+    # logits trained under a likelihood (plain's). `scores` names the predictors whose outputs
+    # are not one, with why; their ECE, NLL, test entropy and reliability diagram are null.
+    scores: ClassVar[dict[str, str]] = {}
+    logged_predictor: ClassVar[str | None] = None  # whose logits `predict` returns; None: first
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         self.cfg = cfg
+
+    @classmethod
+    def calibration_notes(cls) -> dict[str, str]:
+        """`{predictor: "scores, not probabilities: <why>"}` for the predictors in `scores`."""
+        return {p: f"{SCORES}: {why}" for p, why in cls.scores.items() if p in cls.predictors}
+
+    @classmethod
+    def entropy_note(cls) -> str | None:
+        """The note of the logged entropy (the entropy of `predict`'s logits): that of the
+        predictor they belong to; None where it is a probability model's."""
+        return cls.calibration_notes().get(cls.logged_predictor or cls.predictors[0])
 
     @property
     def lr_scales(self) -> dict[str, float]:
@@ -177,6 +203,15 @@ class Method:
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
         """Problems with this method's `method.*` fields, each naming the field and the fix."""
+        return []
+
+    @classmethod
+    def memory_problems(
+        cls, cfg: ml_collections.ConfigDict, left: int, where: str, seeds: int
+    ) -> list[str]:
+        """`method.*` values whose memory surely cannot fit the `left` bytes (the `where`),
+        from the config alone, `seeds` seeds per device: one line each naming the field and
+        what to set (`continual/fit.check_config`, before anything is built)."""
         return []
 
     # -- host side -------------------------------------------------------------------------

@@ -19,6 +19,12 @@ Sampling: `x = mu_c + L_c eps`, eps ~ N(0, I), L_c the Cholesky factor of Sigma_
 Alignment (`align_classifier`): the classifier (kernel (D, C), bias (C,)) trained by SGD on
 the sampled features, pure and jitted; it takes the samples as input, so a test can feed any
 sampler's features (e.g. the reference's own).
+
+Checks on the host (`check_statistics`, `check_alignment`): a class whose statistics are not
+finite, or whose covariance has no Cholesky factor in float32 (the factor is then NaN, and so
+are its draws and every classifier aligned on them), ends the run with one line naming the
+class and its task, instead of NaN predictions. Each reads a (C,) flag vector from one small
+jitted reduction; the Cholesky factors are computed again only once an alignment is NaN.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
 
 from aepg_jax.data import augment
 from aepg_jax.methods import prototypes
@@ -220,3 +228,81 @@ def align_classifier(
         epoch_body, init, (jnp.arange(epochs), features.astype(jnp.float32), labels)
     )
     return params[0], params[1], losses
+
+
+# -- host-side checks ----------------------------------------------------------------------------
+
+
+@jax.jit
+def finite_rows(tree: Any) -> jax.Array:
+    """(C,) True where every leaf's row c (leaves with leading axis C) is finite."""
+    flags = [jnp.isfinite(x).reshape(x.shape[0], -1).all(axis=1) for x in jax.tree.leaves(tree)]
+    return jnp.stack(flags).all(axis=0)
+
+
+@jax.jit
+def all_finite(tree: Any) -> jax.Array:
+    """() True where every leaf of `tree` is finite: one program per tree structure."""
+    return jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]).all()
+
+
+@jax.jit
+def factorable(covariances: jax.Array) -> jax.Array:
+    """(C,) True where `sample` can draw from class c: its covariance (D, D) has a finite
+    Cholesky factor in float32, or its variances (D,) a finite square root."""
+    if covariances.ndim == 2:
+        return jnp.isfinite(jnp.sqrt(covariances)).all(axis=1)
+    chol = jnp.linalg.cholesky(covariances.astype(jnp.float32))
+    return jnp.isfinite(chol).all(axis=(1, 2))
+
+
+def _host(x: jax.Array) -> np.ndarray:
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _class_task(c: int, head_sizes: tuple[int, ...]) -> int:
+    """The 1-based task whose head holds class c."""
+    return int(np.searchsorted(np.cumsum(head_sizes), c, side="right")) + 1
+
+
+def check_statistics(
+    who: str, stats: Any, classes: np.ndarray, head_sizes: tuple[int, ...], task: int
+) -> None:
+    """Raises FloatingPointError (one line) naming the first of `classes` ((C,) bool) whose
+    statistics (`stats`: arrays with a leading class axis) are not finite after task `task`
+    (0-based)."""
+    bad = np.flatnonzero(np.asarray(classes) & ~_host(finite_rows(stats)))
+    if bad.size:
+        c = int(bad[0])
+        raise FloatingPointError(
+            f"{who}: the feature statistics of class {c} (task {_class_task(c, head_sizes)}) "
+            f"are not finite after task {task + 1}: the model's features of its training "
+            "images are NaN or inf (a diverged training); lower optim.learning_rate."
+        )
+
+
+def check_alignment(
+    who: str,
+    aligned: Any,
+    covariances: jax.Array,
+    seen: np.ndarray,
+    head_sizes: tuple[int, ...],
+    task: int,
+    fix: str,
+) -> None:
+    """Raises FloatingPointError (one line) when the classifier (any pytree) `aligned` after
+    task `task` (0-based) on draws from `covariances` (C, D, D) or variances (C, D) is not
+    finite: naming the first `seen` class whose covariance cannot be factored (its draws are
+    NaN), or else the alignment itself; `fix` says what to change."""
+    if bool(_host(all_finite(aligned))):
+        return
+    bad = np.flatnonzero(np.asarray(seen) & ~_host(factorable(covariances)))
+    after = f"after task {task + 1}"
+    if bad.size:
+        c = int(bad[0])
+        raise FloatingPointError(
+            f"{who}: the feature covariance of class {c} (task {_class_task(c, head_sizes)}) "
+            f"has no Cholesky factor in float32 (not positive definite), so its Gaussian draws "
+            f"and the classifier aligned on them {after} are NaN; {fix}."
+        )
+    raise FloatingPointError(f"{who}: the classifier aligned {after} is not finite; {fix}.")

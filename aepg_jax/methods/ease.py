@@ -25,6 +25,13 @@ far (a `lax.cond` per slot skips the later ones): up to S passes per image, `eva
 
 Domain-incremental (`data.scenario=domain`): refused at validation; EASE completes old classes
 in new subspaces from the classes a task brings, and a domain task brings none.
+
+The predictions are scores, not probabilities (`Method.scores`): weighted sums of cosines. The
+trained scale sigma is the task's training head's (`proxy_fc` in the reference's
+`utils/inc_net.py` `EaseNet`); the classifier that predicts (`fc`, `forward_reweight` of
+`backbone/linears.py`) multiplies by its own sigma, which starts at 1 and gets no gradient (it is
+not in the training forward pass), so the reference defines no probability either. No
+calibration is reported (docs/algorithm.md §4).
 """
 
 from __future__ import annotations
@@ -162,6 +169,10 @@ class Ease(Method):
     """Expandable subspace ensemble: per-task adapters, completed prototypes, cosine scoring."""
 
     name = "ease"
+    scores: ClassVar[dict[str, str]] = {
+        "model": "weighted sums of cosine similarities to the class prototypes, with no "
+        "trained scale (the reference's evaluation sigma stays 1)"
+    }
     defaults: ClassVar[dict[str, Any]] = {
         "ease_ffn_num": 64,  # the adapter's hidden width (the official `ffn_num`; VTAB: 16)
         "ease_alpha": 0.1,  # weight of another task's subspace, divided by t (`alpha`)

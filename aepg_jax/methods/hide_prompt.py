@@ -29,6 +29,9 @@ ImageNet-R (`training_scripts/train_imr_vit.sh`): three parts, each with its own
   (0.005 * 24 / 256), the MLP and classifier.
 - Prediction: the TII classifier picks the most likely seen class, its task picks the slot,
   the prompted model with the aligned heads gives the logits.
+- Non-finite statistics of a task's class, or a NaN alignment (a covariance that float32's
+  Cholesky cannot factor), end the run in one line naming the class and its task
+  (`class_gaussians.check_statistics`, `check_alignment`).
 
 Method state (fixed shapes, checkpointed): the TII MLP and classifier, the aligned heads, and
 both sets of class Gaussians (C means, C covariances or variances). This is not rehearsal-free
@@ -406,6 +409,10 @@ class HiDePrompt(prompting.PromptMethod):
             "wtp_stats": p["merge"](state["wtp_stats"], wtp, t),
             "tii_stats": p["merge"](state["tii_stats"], tiig, t),
         }
+        sizes, cls = task.head_sizes, np.arange(c)
+        own, seen = (cls >= task.offset) & (cls < task.stop), cls < task.stop
+        for name in ("wtp_stats", "tii_stats"):
+            cg.check_statistics("HiDe-Prompt", state[name], own, sizes, task.index)
         k_init, k_tii, k_ca, k_tap = jax.random.split(ctx.key, 4)
         tii = place(p["tii_init"](k_init, d, self._hidden, c)) if task.index == 0 else state["tii"]
         tii = self.train_tii(tii, np.concatenate(feats), np.concatenate(labels), task, k_tii)
@@ -415,6 +422,10 @@ class HiDePrompt(prompting.PromptMethod):
             tii = self.align("tii", tii, state["tii_stats"], task, k_ca, m.hide_prompt_tii_ca_lr)
             wtp_stats = state["wtp_stats"]
             heads, _ = p["tap_align"](heads, k_tap, wtp_stats["mean"], wtp_stats["cov"], t)
+            fix = "method.hide_prompt_storage=variance draws from the variances alone"
+            for aligned, name in ((tii, "tii_stats"), (heads, "wtp_stats")):
+                cov = state[name]["cov"]
+                cg.check_alignment("HiDe-Prompt", aligned, cov, seen, sizes, task.index, fix)
         return {**state, "tii": tii, "head": heads}
 
     @staticmethod

@@ -5,7 +5,10 @@
   `e <- d e + (1 - d) m`, d = `method.ema_decay` (0.999, the paper's; LAE's code used 0.9999).
 - Inference: `argmax_c max(softmax(f_on(x))_c, softmax(f_off(x))_c)` over the seen classes
   (`ensemble`, the primary predictor), with `online` and `offline` alone also reported. At task
-  0 the offline copy equals the online PEFT, so all three agree.
+  0 the offline copy equals the online PEFT, so all three agree. The ensemble's values are
+  scores, not probabilities (they sum to between 1 and 2): no calibration is reported for it
+  (docs/algorithm.md §4); `online` and `offline`, softmaxes of trained logits, have theirs, and
+  the logged entropy is the online model's.
 
 Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): runs unchanged. LAE already
 shares one head; in this scenario that head covers every class, and the ensemble's maximum is
@@ -41,6 +44,13 @@ class LAE(Method):
 
     name = "lae"
     predictors = ("ensemble", "online", "offline")
+    # The ensemble's "probabilities" are the elementwise max of two softmaxes (gqk/LAE's
+    # `torch.max(online.softmax(1), offline.softmax(1))`), read for their argmax only.
+    scores: ClassVar[dict[str, str]] = {
+        "ensemble": "the elementwise max of the online and offline softmaxes, which sums to "
+        "between 1 and 2 over the classes"
+    }
+    logged_predictor: ClassVar[str | None] = "online"  # `predict` returns the online logits
     eval_forwards = 2  # online and offline PEFT
     defaults: ClassVar[dict[str, Any]] = {"ema_decay": 0.999}
 

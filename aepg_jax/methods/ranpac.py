@@ -27,6 +27,16 @@ checkpointed with the method state), W is D M, Q and W_o are M C; the ridge sele
 
 Domain-incremental (`data.scenario=domain`): runs, as the reference's DIL datasets do: task 0
 adapts on the first domain, G and Q accumulate over every domain's images with all classes.
+
+The predictions are scores, not probabilities (`Method.scores`): `h W_o^T` is a least-squares
+fit to one-hot targets (values near 0 and 1), not the logits of a likelihood model. The
+reference (`inc_net.py` `CosineLinear.forward` with `use_RP`) multiplies them by the scale sigma
+trained in phase 1, a scale fitted to cosines, not to these outputs; its results read only the
+argmax. No calibration is reported (docs/algorithm.md §4).
+
+`method.ranpac_m` is refused before anything is built when G and its ridge solve (3 M^2 float32
+per seed) cannot fit the memory the fit check measures (`memory_problems`,
+`continual/fit.check_config`).
 """
 
 from __future__ import annotations
@@ -130,6 +140,9 @@ class RanPAC(Method):
 
     name = "ranpac"
     defaults: ClassVar[dict[str, Any]] = {"ranpac_m": 10000}
+    scores: ClassVar[dict[str, str]] = {
+        "model": "ridge-regression outputs fitted by least squares to one-hot targets, not logits"
+    }
     reference_settings: ClassVar[dict[str, Any]] = RANPAC_SETTINGS
     task_data_passes: ClassVar[int] = 1  # the features pass after every task
 
@@ -150,6 +163,35 @@ class RanPAC(Method):
         if not (isinstance(m, int) and not isinstance(m, bool) and m >= 0):
             return [f"method.ranpac_m={m!r} must be an integer >= 0 (0: no random projection)."]
         return []
+
+    @classmethod
+    def memory_problems(
+        cls, cfg: ml_collections.ConfigDict, left: int, where: str, seeds: int
+    ) -> list[str]:
+        """`method.ranpac_m` = M whose Gram matrix and ridge solve cannot fit: G, the solve's
+        `G_fit + lam I` and its factor are 3 M^2 float32 at once, the projection W D M more,
+        per seed (a lower bound: the statistics over classes come on top)."""
+        if cfg.method.name != cls.name:
+            return []
+        m = cfg.method.ranpac_m
+        if not isinstance(m, int) or m <= 0:
+            return []
+        width = int(cfg.model.hidden_size)
+
+        def need(k: int) -> int:
+            return seeds * 4 * (3 * k * k + width * k)
+
+        if need(m) <= left:
+            return []
+        # The largest M with need(M) <= left: the positive root of 12 s M^2 + 4 s D M = left.
+        a, b = 12.0 * seeds, 4.0 * seeds * width
+        fits = int((-b + (b * b + 4 * a * left) ** 0.5) / (2 * a))
+        fits = fits // 1000 * 1000 if fits >= 1000 else fits
+        return [
+            f"method.ranpac_m={m} needs at least {need(m) / 2**30:,.1f} GiB for RanPAC's Gram "
+            f"matrix and its ridge solve (3 x M^2 float32, {seeds} seed(s)); the {where} is "
+            f"{left / 2**30:.1f} GiB; set method.ranpac_m <= {fits} (the reference's: 10000)."
+        ]
 
     def trains_task(self, task: int) -> bool:
         """Task 0 only (first-session adaptation), and only with a PEFT module to adapt."""

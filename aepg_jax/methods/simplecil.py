@@ -20,6 +20,11 @@ over the images of every domain seen so far (the method's papers are class-incre
 
 Trainable: the task heads (unused; the model's `model.peft` modules are not used). Method state:
 `proto_sums` (C, F) and `proto_counts` (C,) float32, F = `feature_dim`.
+
+The predictions are scores, not probabilities (`Method.scores`): cosines in [-1, 1] with no
+trained scale, whose softmax is near uniform over C classes whatever the accuracy (SimpleCIL's
+reference, the PyCIL `SimpleCosineIncrementalNet`, reads only their argmax); the run reports no
+calibration for them (docs/algorithm.md §4).
 """
 
 from __future__ import annotations
@@ -70,6 +75,9 @@ class Prototypes(Method):
     """Class-mean prototypes of `features` after every task, predicted by cosine similarity."""
 
     name = "prototypes"  # abstract: not registered
+    scores: ClassVar[dict[str, str]] = {
+        "model": "cosine similarities to the class means, in [-1, 1], with no trained scale"
+    }
     eval_forwards: ClassVar[int] = 1
     task_data_passes: ClassVar[int] = 1  # the prototype pass, at end_task
 

@@ -20,6 +20,9 @@ task's training images (test transform):
      classes) by SGD (momentum, weight decay and lr of `optim.*`, cosine to 0 over the
      epochs) on cross-entropy of the per-task-normalised logits / `slca_ca_logit_norm`;
   4. predictions use the aligned classifier (`aligned`; at t = 0, `heads`).
+Non-finite statistics of a task's class, or a NaN alignment (a covariance that float32's Cholesky
+cannot factor), end the run in one line naming the class and its task
+(`class_gaussians.check_statistics`, `check_alignment`).
 Each task's new head starts from its initial draw (the reference creates it at the task's start:
 weight decay of earlier tasks must not have shrunk it).
 
@@ -207,6 +210,7 @@ class SLCA(Method):
         kernel, bias = concat_heads(trainable, sizes)
         lo, hi = sum(sizes[:t]), sum(sizes[: t + 1])
         current = (np.arange(bias.shape[0]) >= lo) & (np.arange(bias.shape[0]) < hi)
+        class_gaussians.check_statistics("SLCA", state["stats"], current, sizes, t)
         heads = {
             "kernel": jnp.where(current, kernel, state["heads"]["kernel"]),
             "bias": jnp.where(current, bias, state["heads"]["bias"]),
@@ -215,6 +219,15 @@ class SLCA(Method):
         if t == 0 or self.cfg.method.slca_ca_epochs == 0:
             return state
         aligned = self.align_program(sizes)(state, ctx.key, jnp.asarray(t, jnp.int32))
+        class_gaussians.check_alignment(
+            "SLCA",
+            aligned,
+            self.stats(state).covariances(RIDGE),
+            np.arange(bias.shape[0]) < hi,
+            sizes,
+            t,
+            "method.slca_ca_epochs=0 skips the alignment",
+        )
         return {**state, "aligned": aligned}
 
     def stats_step(self) -> class_gaussians.StatsStep:

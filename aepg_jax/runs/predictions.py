@@ -18,6 +18,12 @@ example and evaluation, in order of `after_task`, then `task`, then the test spl
     <p>/top_classes (N, K) int16|int32, <p>/top_probs (N, K) float16,
     <p>/p_true (N,) float32, <p>/entropy (N,) float16, <p>/task_pred (N,) int16|int32
     predictors, task_offsets, task_sizes, num_classes, scenario, format   (metadata)
+    notes (one per predictor), entropy_note   (metadata: "" or "scores, not probabilities:
+                                    <why>", `Method.calibration_notes`; absent in older files)
+
+A predictor with a note outputs scores (cosines, a ridge readout): its `top_probs`, `p_true`
+and `entropy` are those of the softmax of its scores, kept for the ranking (accuracy, top-5)
+only; no calibration is computed from them (`notes_of`), as results.json has none.
 """
 
 from __future__ import annotations
@@ -213,6 +219,17 @@ def sha256(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def notes_of(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, str], str | None]:
+    """(`{predictor: note}` of the predictors that output scores, the logged entropy's note or
+    None) of a predictions file's arrays; none in a file that keeps no notes."""
+    if "meta/notes" not in arrays:
+        return {}, None
+    names = [str(p) for p in arrays["meta/predictors"]]
+    notes = [str(n) for n in np.atleast_1d(arrays["meta/notes"])]
+    entropy = str(arrays["meta/entropy_note"]) if "meta/entropy_note" in arrays else ""
+    return {p: n for p, n in zip(names, notes, strict=True) if n}, entropy or None
 
 
 def calibration_of(evaluation: Mapping[str, np.ndarray], predictor: str) -> dict[str, float]:

@@ -13,8 +13,9 @@ folders and results) for the runs the tables show (`tables.View`). The page hold
       their seed): its accuracy matrix as a heatmap, its loss / alpha / entropy curves over the
       global step (metrics.jsonl; task boundaries dashed), its reliability diagram after the
       last task (predictions.npz, 15 equal-width bins) with ECE, NLL and test entropy per
-      predictor (results.json), and the config fields in which it differs from its cell's
-      other runs (`runs/identity.differences`).
+      predictor (results.json; "scores, not probabilities" and no diagram for a predictor
+      whose outputs are not a probability model's, docs/algorithm.md §4), and the config
+      fields in which it differs from its cell's other runs (`runs/identity.differences`).
 """
 
 from __future__ import annotations
@@ -285,9 +286,12 @@ def curve_charts(recs: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def reliability_chart(folder: pathlib.Path, predictors: Sequence[str]) -> str | None:
-    """The reliability diagram after the last task evaluated, one line per predictor, from the
-    run's kept predictions; None when it kept none."""
+def reliability_chart(
+    folder: pathlib.Path, predictors: Sequence[str], notes: Mapping[str, str] | None = None
+) -> str | None:
+    """The reliability diagram after the last task evaluated, one line per predictor (not those
+    with a note in `notes`: scores, not probabilities), from the run's kept predictions; None
+    when it kept none or no predictor has one."""
     path = folder / predictions.FILE
     if not path.exists():
         return None
@@ -296,7 +300,7 @@ def reliability_chart(folder: pathlib.Path, predictors: Sequence[str]) -> str | 
     label = arrays["label"][last]
     series = []
     for p in predictors:
-        if f"{p}/top_probs" not in arrays:
+        if f"{p}/top_probs" not in arrays or (notes or {}).get(p):
             continue
         c = predictions.predictor_columns(arrays, p)
         conf = c["top_probs"][last, 0].astype(np.float64)
@@ -321,13 +325,23 @@ def reliability_chart(folder: pathlib.Path, predictors: Sequence[str]) -> str | 
 
 
 def calibration_table(results: Mapping[str, Any]) -> str:
-    """Per predictor after the last task: A_T, ECE (%), NLL and test entropy (nats)."""
+    """Per predictor after the last task: A_T, ECE (%), NLL and test entropy (nats); "scores,
+    not probabilities" across the last three for a predictor with a `calibration_note` (its
+    reason as the cell's tooltip)."""
     methods = results.get("methods") or {results.get("predictors", ["model"])[0]: results}
     keys = (("A_T", "A_T (%)"), ("ece_T", "ECE (%)"), ("nll_T", "NLL"), ("test_entropy_T", "H"))
     head = "".join(f"<th>{svg.esc(t)}</th>" for _, t in keys)
     rows = []
     for name, m in methods.items():
-        cells = "".join(f"<td>{_fmt(m.get(k))}</td>" for k, _ in keys)
+        note = m.get("calibration_note")
+        if note:
+            cells = (
+                f"<td>{_fmt(m.get('A_T'))}</td>"
+                f'<td colspan="{len(keys) - 1}" class="note" title="{svg.esc(note)}">'
+                f"{svg.esc(metrics.SCORES)}</td>"
+            )
+        else:
+            cells = "".join(f"<td>{_fmt(m.get(k))}</td>" for k, _ in keys)
         rows.append(f"<tr><td>{svg.esc(name)}</td>{cells}</tr>")
     return (
         f'<div class="scroll"><table class="calibration"><thead><tr><th>predictor</th>{head}'
@@ -391,7 +405,8 @@ def run_html(
     except OSError:
         recs = []
     charts += curve_charts(recs)
-    diagram = reliability_chart(info.folder, r.get("predictors") or [])
+    notes = {p: m.get("calibration_note") for p, m in (r.get("methods") or {}).items()}
+    diagram = reliability_chart(info.folder, r.get("predictors") or [], notes)
     if diagram:
         charts.append(diagram)
     parts.append(f'<div class="charts">{"".join(charts)}</div>')

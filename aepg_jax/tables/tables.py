@@ -27,7 +27,10 @@ results, or the content of its weights file; where the data is does not) is name
 fields and left out of its cell (`k/n done, m of another config`); the runs with no results
 yet are counted in one `warning:` line (`3 of 10 cells have runs without results ...`). The
 command exits 0 when it printed the tables, 1 when not one run shown has results (it prints
-them all the same), 2 on a bad argument.
+them all the same), 2 on a bad argument. A
+calibration figure (ECE, NLL, test entropy) of a method whose predictions are scores, not
+probabilities (results.json's `calibration_note`; docs/algorithm.md §4) is no failure: its
+cell reads "scores, not probabilities".
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from aepg_jax import experiments
+from aepg_jax.continual import metrics
 from aepg_jax.experiments import Column, Experiment, Published, Row, Table, layout, registry
 from aepg_jax.runs import identity
 from aepg_jax.system import cli
@@ -66,10 +70,16 @@ class Cell:
     failed: int
     published: Published | None
     other: int = 0  # finished runs of another config than the experiment's: left out
+    scores: int = 0  # finished runs whose figure is null: scores, not probabilities
 
     @property
     def n(self) -> int:
         return len(self.values)
+
+    @property
+    def done(self) -> int:
+        """Finished runs: with a number, or with scores instead of probabilities."""
+        return self.n + self.scores
 
     @property
     def mean(self) -> float | None:
@@ -109,6 +119,8 @@ def damage(root: str, run, results: dict | None, name: str, changed=()) -> str |
         return None
     value = results.get(name)
     finite = isinstance(value, int | float) and math.isfinite(value)
+    if metrics.note_of(results, name):  # scores, not probabilities: null by design
+        return None
     if name in results and not finite:  # NaN / inf are written as null (runs/records.py)
         return f"{run.folder(changed)}: {name} is {value} (not finite)"
     return None
@@ -153,7 +165,7 @@ def cell(
     view = view or View()
     where = {**row.where, **col.where}
     runs = [r for r in experiment.select(where) if view.selects(r)]
-    values, failed, other = [], 0, 0
+    values, failed, other, scores = [], 0, 0, 0
     missing = []
     for run in runs:
         changed = _changed(run, view.overrides)
@@ -172,6 +184,8 @@ def cell(
         problem = damage(root, run, results, col.metric, changed) if value is None else None
         if value is not None:
             values.append(value)
+        elif results is not None and metrics.note_of(results, col.metric):
+            scores += 1
         elif problem is not None:
             failed += 1
             if warnings is not None:
@@ -182,10 +196,10 @@ def cell(
             missing.append(run.folder(changed))
     if tally is not None and runs:
         tally.cells += 1
-        tally.read += len(values)
+        tally.read += len(values) + scores
         if missing:
             tally.missing[(table.title, row.label, col.label)] = missing
-    return Cell(tuple(values), len(runs), failed, table.published(row, col), other)
+    return Cell(tuple(values), len(runs), failed, table.published(row, col), other, scores)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,12 +323,12 @@ def ours_text(c: Cell, pm: str = "±") -> str:
         return "— (no run selected)"
     d = c.decimals()
     if c.mean is None:
-        text = "—"
+        text = metrics.SCORES if c.scores else "—"
     else:
         text = _num(c.mean, d) + (f" {pm} {_num(c.std, d)}" if c.std is not None else "")
-    if c.n == c.expected and c.expected:
-        return f"{text} (n={c.n})"
-    status = f"{c.n}/{c.expected} done" + (f", {c.failed} failed" if c.failed else "")
+    if c.done == c.expected and c.expected:
+        return f"{text} (n={c.done})"
+    status = f"{c.done}/{c.expected} done" + (f", {c.failed} failed" if c.failed else "")
     status += f", {c.other} of another config" if c.other else ""
     return f"{text} ({status})"
 
@@ -396,6 +410,7 @@ CSV_FIELDS = (
     "paper_pm",
     "diff",
     "flagged",
+    "note",
 )
 
 
@@ -408,7 +423,7 @@ def csv_rows(table: Table, cells: list[list[Cell]]) -> list[dict]:
                 table=table.title, row=row.label, column=col.label, metric=col.metric, n=c.n,
                 expected=c.expected, failed=c.failed, mean=c.mean, std=c.std,
                 paper_mean=p.mean if p else None, paper_pm=p.pm if p else None, diff=c.diff,
-                flagged=int(c.flagged),
+                flagged=int(c.flagged), note=metrics.SCORES if c.scores and not c.n else "",
             ))  # fmt: skip
     return out
 
