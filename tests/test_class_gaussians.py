@@ -45,6 +45,21 @@ def test_sample_is_mean_plus_cholesky_times_normal():
     assert feats.shape == (2, 5, 3) and set(np.asarray(labs[0]).tolist()) == {0}
 
 
+def test_cholesky_factors_one_matrix_per_lapack_call():
+    """A batched CPU factorization splits its batch over XLA's intra-op pool and blocks a pool
+    thread on it: as many at once as the pool has threads (a replicated program on that many
+    devices of one process) deadlock. The sampler's program factors one matrix per call."""
+    rng = np.random.default_rng(2)
+    a = rng.normal(size=(5, 4, 4))
+    covs = jnp.asarray(a @ a.transpose(0, 2, 1) + np.eye(4), jnp.float32)
+    factors = cg.cholesky_factors(covs)
+    want = np.linalg.cholesky(np.asarray(covs))
+    np.testing.assert_allclose(np.asarray(factors), want, rtol=1e-5, atol=1e-6)
+    program = jax.jit(cg.sample, static_argnums=2).lower(covs[:, 0], covs, 3, jax.random.key(0))
+    calls = [line for line in program.as_text().splitlines() if "potrf" in line]
+    assert calls and all('num_batch_dims = "0"' in line for line in calls), calls
+
+
 def _reference_align(w, b, feats, labels, steps, seen, lr, mom, wd):
     """Plain loop: torch's SGD with momentum and coupled weight decay, cosine lr per epoch."""
     epochs = feats.shape[0]

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tiny
 
+from aepg_jax import methods
 from aepg_jax.data import loader
 from aepg_jax.launch import launch
 from aepg_jax.runs import records
@@ -384,3 +385,81 @@ def test_a_process_that_dies_alone_stops_the_others(tmp_path, victim):
         "error: another process of this run failed or died" in log
         or "This most likely indicates that another task died" in log
     ), log[-2000:]
+
+
+# Every method of the registry on configs/default.py (2 tasks), run as one process per layout:
+# the runs of all methods one after the other in the same launched processes (one start and one
+# import each, not 14). The alignment and TII epochs are cut short: the test is about where the
+# programs run, not how well they learn.
+METHODS_SCRIPT = textwrap.dedent("""
+    import importlib.util, json, os, sys
+    from aepg_jax.system import hosts
+    hosts.initialize(False)
+    from aepg_jax import main, methods
+
+    root, overrides = sys.argv[1], json.loads(sys.argv[2])
+    spec = importlib.util.spec_from_file_location("default_cfg", "configs/default.py")
+    default = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(default)
+    for name in methods.NAMES:
+        cfg = default.get_config()
+        cfg.data.cache_dir = os.path.join(root, "data")
+        cfg.update_from_flattened_dict({**overrides, "method.name": name})
+        main.execute(cfg, os.path.join(root, name))
+""")
+METHODS_TINY = {
+    "data.num_tasks": 2,
+    "max_steps_per_task": 2,
+    "log_every_steps": 1,
+    "method.slca_ca_epochs": 2,
+    "method.slca_ca_samples": 16,
+    "method.hide_prompt_ca_epochs": 2,
+    "method.hide_prompt_tii_epochs": 2,
+    "method.hide_prompt_tap_batch": 16,
+    "method.ranpac_m": 256,
+}
+
+
+def _start_methods(root, processes, devices):
+    """Every method's run as `processes` x `devices` (`aepg_jax.launch`): the processes."""
+    cmd = [sys.executable, "-c", METHODS_SCRIPT, str(root), json.dumps(METHODS_TINY)]
+    return launch.start(processes, devices, cmd, log_dir=str(root / "logs"), cwd=REPO)
+
+
+def _finish(root, procs, layout, deadline):
+    """Waits for a launch until `deadline`; fails, never hangs, if it is still running then."""
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        time.sleep(0.2)
+    codes = [p.poll() for p in procs]
+    hung = None in codes and not any(c not in (None, 0) for c in codes)  # the deadline passed
+    if hung:
+        launch.stop(procs, grace_s=5.0)
+    status = launch.supervise(procs, grace_s=5.0)  # at a failure, stops the others
+    logs = "\n".join(p.read_text()[-3000:] for p in sorted((root / "logs").glob("*.log")))
+    assert not hung, f"{layout}: still running at the test's time limit\n{logs}"
+    assert status == 0, f"{layout}: exit status {status}\n{logs}"
+
+
+@pytest.mark.slow  # 28 runs of the default config (2 tasks, 2 steps each): compiling dominates
+def test_every_method_runs_as_two_processes_like_one_process_with_two_devices(tmp_path):
+    """Each method's own host-side programs (class statistics, alignments, solves) run on a
+    2-device mesh of one process and across 2 processes, to the same accuracy matrices."""
+    # Both layouts at once: 3 processes on the machine's cores, mostly compiling.
+    one = _start_methods(tmp_path / "one", processes=1, devices=2)
+    two = _start_methods(tmp_path / "two", processes=2, devices=1)
+    deadline = time.monotonic() + 2400
+    try:
+        _finish(tmp_path / "one", one, "1 process x 2 devices", deadline)
+        _finish(tmp_path / "two", two, "2 processes x 1 device", deadline)
+    finally:
+        launch.stop(one + two, grace_s=5.0)  # none left running when a layout failed
+    # Equal, not close: both layouts run the same 2-device programs, whose only cross-device
+    # step, a 2-way all-reduce, adds a + b the same in either order (measured: equal).
+    for name in methods.NAMES:
+        a, b = (json.load(open(tmp_path / d / name / "results.json")) for d in ("one", "two"))
+        assert a["predictors"] == b["predictors"], name
+        for p in a["predictors"]:
+            matrices = (a["methods"][p]["accuracy_matrix"], b["methods"][p]["accuracy_matrix"])
+            assert matrices[0] == matrices[1], (name, p, matrices)

@@ -14,7 +14,8 @@ statistics cover every class of the run from the start (fixed shapes): checkpoin
 vmapped with the method state.
 
 Sampling: `x = mu_c + L_c eps`, eps ~ N(0, I), L_c the Cholesky factor of Sigma_c
-(torch's `MultivariateNormal.sample`).
+(torch's `MultivariateNormal.sample`), factored one class at a time (`cholesky_factors`: a
+batched CPU factorization can deadlock a run of several devices in one process).
 
 Alignment (`align_classifier`): the classifier (kernel (D, C), bias (C,)) trained by SGD on
 the sampled features, pure and jitted; it takes the samples as input, so a test can feed any
@@ -116,14 +117,36 @@ def stats_program(features: FeatureFn, cfg: ml_collections.ConfigDict) -> StatsS
     return jax.jit(class_statistics)
 
 
+def cholesky_factors(covariances: jax.Array) -> jax.Array:
+    """(C, D, D) the lower Cholesky factors L_c (L_c L_c^T = Sigma_c), one matrix per call.
+
+    One at a time because of how jaxlib's CPU LAPACK kernels run a batch: above ~2e5 flops
+    they cut it into chunks scheduled on XLA:CPU's intra-op thread pool and block the calling
+    thread, itself a pool thread when XLA runs the kernel there, until the chunks are done. As
+    many batched kernels at once as the pool has threads then wait forever for chunks no thread
+    is left to run: one replicated program on as many devices of one process as the machine
+    has cores (`--xla_force_host_platform_device_count`) is exactly that. A single matrix is
+    factored in the calling thread; each factor equals the batched kernel's (the same LAPACK
+    call per matrix)."""
+    return jax.lax.map(jnp.linalg.cholesky, covariances.astype(jnp.float32))
+
+
 def sample(means: jax.Array, covariances: jax.Array, n_per_class: int, key: jax.Array) -> jax.Array:
     """(C, n, D) draws `mu_c + L_c eps` (L_c = cholesky(Sigma_c), eps ~ N(0, I)) for every
     class; `n_per_class` static."""
+    chex.assert_shape(covariances, (*means.shape, means.shape[1]))
+    return sample_factored(means, cholesky_factors(covariances), n_per_class, key)
+
+
+def sample_factored(
+    means: jax.Array, factors: jax.Array, n_per_class: int, key: jax.Array
+) -> jax.Array:
+    """`sample` from the covariances' `cholesky_factors` (C, D, D), computed once for many
+    draws."""
     num_classes, dim = means.shape
-    chex.assert_shape(covariances, (num_classes, dim, dim))
-    chol = jnp.linalg.cholesky(covariances.astype(jnp.float32))
+    chex.assert_shape(factors, (num_classes, dim, dim))
     eps = jax.random.normal(key, (num_classes, n_per_class, dim), jnp.float32)
-    return means[:, None, :] + jnp.einsum("cde,cne->cnd", chol, eps, precision=_HI)
+    return means[:, None, :] + jnp.einsum("cde,cne->cnd", factors, eps, precision=_HI)
 
 
 def shuffled_batches(

@@ -61,6 +61,7 @@ from aepg_jax.methods import class_gaussians as cg
 from aepg_jax.methods.base import Network, Params, TaskContext, TaskSpec, softmax_probs
 from aepg_jax.models import head as head_lib
 from aepg_jax.models import partition, vit
+from aepg_jax.system import hosts
 
 TEMPERATURE = 0.8  # the contrastive term's, hard-coded in `orth_loss`
 RIDGE = 1e-4  # added to every covariance's diagonal (`_compute_mean`)
@@ -401,9 +402,11 @@ class HiDePrompt(prompting.PromptMethod):
         for batch in itertools.chain([first], batches):
             w, g, q = p["stats"](trainable, ctx.frozen, batch, t)
             wtp, tiig = (w, g) if wtp is None else p["combine"]((wtp, tiig), (w, g))
-            keep = np.asarray(batch["mask"])
+            # Every process's rows of the batch (its global arrays span every process).
+            q, y, keep = hosts.gather((q, batch["label"], batch["mask"]))
+            keep = keep.astype(bool)
             feats.append(np.asarray(q)[keep])
-            labels.append(np.asarray(batch["label"])[keep])
+            labels.append(np.asarray(y)[keep])
         state = {
             **state,
             "wtp_stats": p["merge"](state["wtp_stats"], wtp, t),

@@ -49,7 +49,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from jax.experimental import multihost_utils
 
 from aepg_jax.data import augment
 from aepg_jax.methods import prototypes
@@ -63,6 +62,7 @@ from aepg_jax.methods.base import (
     softmax_probs,
 )
 from aepg_jax.models import head, partition
+from aepg_jax.system import hosts
 
 RIDGES = 10.0 ** np.arange(-8, 9)  # RanPAC.py L139: the candidate lambdas, in this order
 FIT_FRACTION = 0.8  # RanPAC.py L140: the first 80% of the shuffled images fit, the rest score
@@ -277,10 +277,7 @@ class RanPAC(Method):
         feats, labels = [], []
         for batch in ctx.train_batches():
             f = step(trainable, ctx.frozen, batch["image"])
-            f, y, mask = (
-                np.asarray(multihost_utils.process_allgather(x, tiled=True))
-                for x in (f, batch["label"], batch["mask"])
-            )
+            f, y, mask = (np.asarray(x) for x in hosts.gather((f, batch["label"], batch["mask"])))
             feats.append(f[mask.astype(bool)])
             labels.append(y[mask.astype(bool)])
         if not feats:

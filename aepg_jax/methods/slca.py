@@ -259,12 +259,12 @@ class SLCA(Method):
         tasks = jnp.asarray(class_tasks(head_sizes))
         scale = MEAN_SHRINK + (tasks + 1) / (t + 1) * (1.0 - MEAN_SHRINK)
         means = stats.means() * scale[:, None]
-        covs = stats.covariances(RIDGE)
+        factors = class_gaussians.cholesky_factors(stats.covariances(RIDGE))
         seen = jnp.sum(tasks <= t)
         feats, labels = [], []
         for e in range(int(m.slca_ca_epochs)):
             k_draw, k_perm = jax.random.split(jax.random.fold_in(key, e))
-            draws = class_gaussians.sample(means, covs, int(m.slca_ca_samples), k_draw)
+            draws = class_gaussians.sample_factored(means, factors, int(m.slca_ca_samples), k_draw)
             f, y = class_gaussians.shuffled_batches(draws, seen, k_perm)
             feats.append(f)
             labels.append(y)
