@@ -246,6 +246,7 @@ class InfLoRA(ComposedParams, Method):
             "basis_dim": np.asarray([x.basis.shape[1] for x in mems], np.int32),
             "retain": np.asarray([int(x.retain) for x in mems], np.int32),
         }
+        # Replicated on the run's mesh: a multi-process checkpoint refuses one device's array.
         return {**state, **prototypes.placed_like(memory, trainable)}
 
     def covariance(
