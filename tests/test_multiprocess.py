@@ -286,6 +286,8 @@ def _files(workdir):
         pytest.param({}, 1, id="plain", marks=pytest.mark.slow),
         pytest.param({"num_seeds": 2}, 2, id="two-seeds", marks=pytest.mark.slow),
         pytest.param({"optim.steps_per_call": 4}, 1, id="scanned", marks=pytest.mark.slow),
+        # Host-made method state (InfLoRA's memory) checkpointed by both processes.
+        pytest.param({"method.name": "inflora"}, 1, id="inflora", marks=pytest.mark.slow),
     ],
 )
 def test_two_processes_equal_one_process_with_two_devices(tmp_path, overrides, num_seeds):

@@ -47,7 +47,7 @@ import numpy as np
 from flax import traverse_util
 
 from aepg_jax.data import augment
-from aepg_jax.methods import dualgpm
+from aepg_jax.methods import dualgpm, prototypes
 from aepg_jax.methods.base import (
     ComposedParams,
     Method,
@@ -241,12 +241,13 @@ class InfLoRA(ComposedParams, Method):
             dualgpm.update(cov[i], mem, th, m.inflora_memory)
             for i, mem in enumerate(self._memories(state))
         ]
-        return {
-            **state,
-            "basis": jnp.asarray(np.stack([x.padded() for x in mems]), jnp.float32),
-            "basis_dim": jnp.asarray([x.basis.shape[1] for x in mems], jnp.int32),
-            "retain": jnp.asarray([int(x.retain) for x in mems], jnp.int32),
+        memory = {
+            "basis": np.stack([x.padded() for x in mems]).astype(np.float32),
+            "basis_dim": np.asarray([x.basis.shape[1] for x in mems], np.int32),
+            "retain": np.asarray([int(x.retain) for x in mems], np.int32),
         }
+        # Replicated on the run's mesh: a multi-process checkpoint refuses one device's array.
+        return {**state, **prototypes.placed_like(memory, trainable)}
 
     def covariance(
         self, ctx: TaskContext, state: Params, lora: Params | None, task: int, desc: str
