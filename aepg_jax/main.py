@@ -119,11 +119,11 @@ def check_or_save_config(cfg, workdir: str) -> None:
             saved = json.load(f)
         lacks = [k for k in ("trainer", "tensorboard") if k in current and k not in saved]
         if lacks and has_checkpoint(workdir):  # saved before configs had these fields
-            tag = command_line.FLAT_NAMES_VERSION
+            commit = command_line.FLAT_NAMES_COMMIT
             raise ValueError(
-                f"{workdir} holds a run of aepg_jax <= {tag} (its config.json has no "
-                f"{' or '.join(lacks)}); resume it with that version (git checkout {tag}, or "
-                f"commit {command_line.FLAT_NAMES_COMMIT}) or use a new --workdir."
+                f"{workdir} holds a run of aepg_jax <= commit {commit} (its config.json has no "
+                f"{' or '.join(lacks)}); resume it with that version (git checkout {commit}) "
+                "or use a new --workdir."
             )
         if saved == current:
             return

@@ -15,6 +15,7 @@ FLOPs per image of the train step (`--gflop_per_img`, from BENCHMARKS.md's plan 
 1 x H100, ViT-B/16 at 224 px).
 
     nice -n 10 .venv/bin/python benchmarks/bench_loader.py [--n=24000] [--batch=256]
+        [--root=rehearsal/bench_loader]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 from aepg_jax.data import loader
 from aepg_jax.plan import report, targets
 
-ROOT = "/work/rehearsal/bench_loader"
+ROOT = "rehearsal/bench_loader"  # --root's default, relative to the working directory
 
 
 # ---- the previous loader, verbatim (the baseline) ----------------------------------------------
@@ -69,8 +70,9 @@ def old_iterate(images, labels, indices, batch_size, mesh, *, seed=0, epoch=0, p
 
 
 # ---- the cache ----------------------------------------------------------------------------------
-def cache(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    directory = os.path.join(ROOT, f"train-{size}px-{n}")
+def cache(n: int, size: int, root: str = ROOT) -> tuple[np.ndarray, np.ndarray]:
+    """The synthetic cache under `root` (built once, then reused)."""
+    directory = os.path.join(root, f"train-{size}px-{n}")
     path = os.path.join(directory, "images.npy")
     if not os.path.exists(os.path.join(directory, "labels.npy")):
         os.makedirs(directory, exist_ok=True)
@@ -112,9 +114,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--gflop_per_img", type=float, default=71.71)
     p.add_argument("--json", default="", help="also write the results to this file")
+    p.add_argument("--root", default=ROOT, help="where the synthetic cache is built (4.4 GiB)")
     a = p.parse_args()
 
-    images, labels = cache(a.n, a.size)
+    images, labels = cache(a.n, a.size, a.root)
     warm_s = warm(images)
     mesh = loader.data_mesh(jax.local_devices()[:1])
     order = loader.epoch_order(np.arange(a.n), 0, 0)

@@ -1,6 +1,6 @@
 """Wall time, peak RSS and disk of `python -m aepg_jax.prepare` on real-size archives.
 
-    python benchmarks/bench_prepare.py --archives=/work/rehearsal/archives --data_dir=D [NAME ...]
+    python benchmarks/bench_prepare.py --archives=rehearsal/archives --data_dir=D [NAME ...]
 
 For each NAME (default: every dataset whose archive is in --archives, e.g. from
 make_synthetic_archives.py) runs the preparation in a child process in which TensorFlow cannot

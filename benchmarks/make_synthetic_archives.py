@@ -2,7 +2,7 @@
 
     python benchmarks/make_synthetic_archives.py imagenet_r food101 caltech_birds2011 cifar10 \
         cifar100 clrs25 domainnet imagenet_a objectnet omnibenchmark vtab \
-        --out=/work/rehearsal/archives
+        --out=rehearsal/archives
 
 writes into OUT, each as the real download is laid out:
 

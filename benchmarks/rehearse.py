@@ -1,7 +1,7 @@
 """Rehearse a paper dataset at its real size on the host: archive, prepare, cache, train, evaluate.
 
-    python benchmarks/rehearse.py imagenet_r --archives=/work/rehearsal/archives \
-        --root=/work/rehearsal [--skip_prepare] [--fresh_cache] [--steps=2] [--epochs=2]
+    python benchmarks/rehearse.py imagenet_r --archives=rehearsal/archives \
+        --root=rehearsal [--skip_prepare] [--fresh_cache] [--steps=2] [--epochs=2]
 
 For each dataset NAME (imagenet_r, food101, caltech_birds2011, cifar10, cifar100, clrs25,
 domainnet, imagenet_a, objectnet, omnibenchmark, vtab; the files of
@@ -415,6 +415,8 @@ def main() -> None:
     parser.add_argument("--run_config", help="run this --config instead of the dataset's")
     parser.add_argument("--tag", default="", help="suffix of ROOT/rehearsal-NAME[-TAG].json")
     args, args.extra = parser.parse_known_args()
+    # the runs start in the repository: relative paths are the caller's
+    args.root, args.archives = os.path.abspath(args.root), os.path.abspath(args.archives)
     unknown = sorted(set(args.names) - set(CONFIGS))
     if unknown:
         _fail(f"unknown dataset(s) {unknown}: choose from {sorted(CONFIGS)}")

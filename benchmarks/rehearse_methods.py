@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--width", choices=sorted(WIDTHS), default="vit_ti")
     parser.add_argument("--scale", type=float, default=1.0, help="of the synthetic archive")
     args = parser.parse_args()
+    args.root = os.path.abspath(args.root)  # the runs start in the repository
     methods = args.methods.split(",")
     if unknown := sorted(set(methods) - set(EXPERIMENTS)):
         raise SystemExit(f"error: --methods: unknown {unknown}; choose from {sorted(EXPERIMENTS)}")

@@ -23,9 +23,9 @@ TORCH_STYLES = ("timm", "lae")
 INSTALL_HELP = """\
 The PyTorch reference step needs torch and timm (missing: {missing}). Install them into the
 project venv (CPU wheel; a plain `pip install timm` would pull a CUDA torch):
-    /work/main/.venv/bin/pip install torch==2.13.0
-    /work/main/.venv/bin/pip install --no-deps timm
-    /work/main/.venv/bin/pip install pyyaml huggingface_hub safetensors
+    .venv/bin/pip install torch==2.13.0
+    .venv/bin/pip install --no-deps timm
+    .venv/bin/pip install pyyaml huggingface_hub safetensors
 or run only the JAX side with --jax-only."""
 
 

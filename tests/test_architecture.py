@@ -184,8 +184,8 @@ def test_the_flat_layouts_names_are_gone():
 
 @pytest.mark.parametrize("source", OLD_IMPORTS)
 def test_a_file_of_the_flat_layout_is_refused_in_one_line(tmp_path, monkeypatch, source):
-    """A config file of aepg_jax <= v0.1.0-flat-names (`from aepg_jax import config_lib`):
-    one line naming the module that holds the name now and the tag that still reads it."""
+    """A config file of aepg_jax <= commit 67ddf42 (`from aepg_jax import config_lib`): one
+    line naming the module that holds the name now and the commit that still reads it."""
     from aepg_jax.config import command_line, schema
 
     monkeypatch.chdir(tmp_path)
@@ -198,10 +198,9 @@ def test_a_file_of_the_flat_layout_is_refused_in_one_line(tmp_path, monkeypatch,
     name = OLD_IMPORTS[source]
     line = command_line.describe(["main", "--config=configs/old.py"], err.value)
     assert line == (
-        f"configs/old.py imports aepg_jax.{name}, a module name of aepg_jax <= "
-        f"v0.1.0-flat-names; use {command_line.OLD_NAMES[name]} (the module that holds it now, "
-        "docs/architecture.md) or check out that version (git checkout v0.1.0-flat-names, or "
-        "commit 67ddf42)."
+        f"configs/old.py imports aepg_jax.{name}, a module name of aepg_jax <= commit 67ddf42; "
+        f"use {command_line.OLD_NAMES[name]} (the module that holds it now, "
+        "docs/architecture.md) or check out that version (git checkout 67ddf42)."
     )
     # An error that is no old name is left to the other descriptions.
     assert command_line.old_name_refusal(ImportError("No module named 'torch'"), "x.py") is None
@@ -225,16 +224,15 @@ def test_main_and_sweep_refuse_a_file_of_the_flat_layout(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        f"error: {old} imports aepg_jax.config_lib, a module name of aepg_jax <= "
-        "v0.1.0-flat-names; use aepg_jax.config.schema (the module that holds it now, "
-        "docs/architecture.md) or check out that version (git checkout v0.1.0-flat-names, or "
-        "commit 67ddf42)."
+        f"error: {old} imports aepg_jax.config_lib, a module name of aepg_jax <= commit "
+        "67ddf42; use aepg_jax.config.schema (the module that holds it now, "
+        "docs/architecture.md) or check out that version (git checkout 67ddf42)."
     ]
     from aepg_jax.experiments import registry
 
     experiment = tmp_path / "old_experiment.py"
     experiment.write_text("from aepg_jax import paper\n\nEXPERIMENT = paper.EXPERIMENTS[0]\n")
-    with pytest.raises(ValueError, match=r"imports aepg_jax\.paper, .* <= v0\.1\.0-flat-names; "):
+    with pytest.raises(ValueError, match=r"imports aepg_jax\.paper, .* <= commit 67ddf42; "):
         registry.get(str(experiment))
 
 

@@ -180,6 +180,12 @@ def algorithm_sections() -> set[int]:
 
 REFERENCE_ROOTS = ("aepg_jax", "docs", "configs", "README.md", "scripts", "benchmarks")
 HISTORY_ROOTS = ("aepg_jax", "docs", "scripts", "benchmarks")
+# What a user reads and runs names no tracker's issues and no development machine's folders.
+USER_ROOTS = (
+    "README.md", "BENCHMARKS.md", "CHANGELOG.md", "docs", "benchmarks", "configs", "scripts",
+)  # fmt: skip
+TRACKER_NUMBER = re.compile(r"\bissues? #?\d+|(?<![\w&/])#\d+\b|\(issue\b", re.I)
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|root|home)/")
 
 
 def test_every_algorithm_reference_names_an_existing_section():
@@ -214,6 +220,19 @@ def test_no_file_carries_issue_numbers():
     assert not bad, "\n".join(bad)
 
 
+def test_what_users_read_names_no_tracker_issue_and_no_machine_path():
+    """README, BENCHMARKS, CHANGELOG, docs, benchmarks, configs and scripts speak of the project:
+    no issue numbers of a tracker users cannot see, no folders of a development machine (a
+    benchmark's output directory is an argument with a relative default)."""
+    bad = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for p in text_files(*USER_ROOTS)
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if TRACKER_NUMBER.search(line) or MACHINE_PATH.search(line)
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_reference_and_history_checkers_see_what_they_must():
     assert cited_sections("docs/algorithm.md §10-§14 and algorithm.md §6, §16; x") == {
         6,
@@ -229,6 +248,14 @@ def test_the_reference_and_history_checkers_see_what_they_must():
     assert not SPEC_DOC.search("GPU_SPECS = LAE_SPEC")
     assert ISSUE_NUMBER.search("After issues 26, 27") and ISSUE_NUMBER.search("issue #33")
     assert not ISSUE_NUMBER.search("the issue that led to it")
+    for tracked in ("- Issue 23: the schedule", "CODA-Prompt (issue 11)", "fixed in #12", "(issue"):
+        assert TRACKER_NUMBER.search(tracked), tracked
+    for fine in ("algorithm.md#4-class-incremental-protocol", "&#8203;", "a known issue"):
+        assert not TRACKER_NUMBER.search(fine), fine
+    for path in ("--out=/work/rehearsal/archives", "/root/.cache", "see /home/me/x"):
+        assert MACHINE_PATH.search(path), path
+    for fine in ("--out=rehearsal/archives", "~/.cache/aepg_jax", "runs/work/x", "/tmp/x"):
+        assert not MACHINE_PATH.search(fine), fine
     assert text_files("aepg_jax") and text_files("README.md")
 
 
@@ -268,3 +295,61 @@ def test_sweep_help_the_readme_and_the_paper_page_list_every_experiment(capsys):
         # The README and docs/paper.md: one table row each.
         for page, text in pages.items():
             assert re.search(rf"^\| `{name}` \| ", text, re.M), f"{page} does not list {name}"
+
+
+def _section(text: str, start: str, end: str) -> str:
+    """The text of `text` from the first line starting with `start` up to the next line
+    starting with `end` (exclusive)."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(start))
+    last = next((i for i in range(first + 1, len(lines)) if lines[i].startswith(end)), len(lines))
+    return "\n".join(lines[first:last])
+
+
+def test_every_registered_method_is_named_where_the_docs_list_methods():
+    """Each list of the continual methods names every method of `aepg_jax.methods.REGISTRY` by
+    its `method.name` (in backquotes): the README's tour, docs/architecture.md's package table,
+    docs/methods.md's and docs/algorithm.md's openings; configs/README.md's `method=` values
+    are exactly the registry's."""
+    from aepg_jax import methods
+
+    read = {p: (ROOT / p).read_text() for p in ("README.md", "docs/architecture.md")}
+    lists = {
+        "README.md (tour)": _section(read["README.md"], "| `methods/` |", "|"),
+        "docs/architecture.md (packages)": _section(
+            read["docs/architecture.md"], "| `methods/` |", "|"
+        ),
+        "docs/methods.md (opening)": _section((ROOT / "docs/methods.md").read_text(), "#", "##"),
+        "docs/algorithm.md (opening)": _section(ALGORITHM.read_text(), "#", "## 1."),
+    }
+    missing = [
+        f"{where}: {name}"
+        for where, text in lists.items()
+        for name in methods.NAMES
+        if f"`{name}`" not in text
+    ]
+    assert not missing, "\n".join(missing)
+    row = _section((ROOT / "configs/README.md").read_text(), "| `method` |", "|")
+    values = {v.strip() for v in row.strip("| \n").split("|")[-1].split(",")}
+    assert values == set(methods.NAMES), values ^ set(methods.NAMES)
+
+
+def test_the_docs_name_only_experiments_that_exist():
+    """Every `` `NAME` `` a docs page calls an experiment (`--experiment=NAME`, "Demo of `NAME`",
+    a table row of the experiment list) is registered."""
+    from aepg_jax.experiments import registry
+
+    known = set(registry.registry())
+    patterns = (
+        r"--experiment=([a-z_0-9]+)\b(?!\.py)",
+        r"Demo of `([a-z_0-9]+)`",
+        r"^\| `([a-z_0-9]+)` \| (?:Table|Fig|Demo|Every|Backbones|[A-Z][\w-]+ \()",
+    )
+    bad = [
+        f"{page.relative_to(ROOT)}: {name}"
+        for page in PAGES
+        for pattern in patterns
+        for name in re.findall(pattern, page.read_text(), flags=re.M)
+        if name not in known and name != "NAME"
+    ]
+    assert not bad, "\n".join(bad)

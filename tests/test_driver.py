@@ -130,8 +130,8 @@ def test_other_config_in_existing_workdir_is_refused(tmp_path):
 
 
 def test_a_workdir_saved_before_the_trainer_field_is_refused(tmp_path):
-    """A config.json without `trainer` / `tensorboard` (aepg_jax <= v0.1.0-flat-names read it
-    as continual / True): a run with a checkpoint is refused naming that tag; a failed start
+    """A config.json without `trainer` / `tensorboard` (aepg_jax <= commit 67ddf42 read it as
+    continual / True): a run with a checkpoint is refused naming that commit; a failed start
     (no checkpoint) gets the current config."""
     cfg = tiny_config(tmp_path / "cache")
     run = tmp_path / "run"
@@ -143,9 +143,8 @@ def test_a_workdir_saved_before_the_trainer_field_is_refused(tmp_path):
     with pytest.raises(ValueError) as err:
         main.check_or_save_config(cfg, str(run))
     assert str(err.value) == (
-        f"{run} holds a run of aepg_jax <= v0.1.0-flat-names (its config.json has no trainer or "
-        "tensorboard); resume it with that version (git checkout v0.1.0-flat-names, or commit "
-        "67ddf42) or use a new --workdir."
+        f"{run} holds a run of aepg_jax <= commit 67ddf42 (its config.json has no trainer or "
+        "tensorboard); resume it with that version (git checkout 67ddf42) or use a new --workdir."
     )
     os.rmdir(run / "checkpoints" / "8")
     main.check_or_save_config(cfg, str(run))

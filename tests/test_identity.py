@@ -240,7 +240,7 @@ def test_each_earlier_saved_default_config_resumes(path, tmp_path):
     cfg = schema.from_file(str(ROOT / "configs" / "default.py"))
     if "trainer" not in saved or "tensorboard" not in saved:
         # Before these fields, config and checkpoints had another layout: named, not resumed.
-        with pytest.raises(ValueError, match=command_line.FLAT_NAMES_VERSION):
+        with pytest.raises(ValueError, match=command_line.FLAT_NAMES_COMMIT):
             main.check_or_save_config(cfg, str(run))
         return
     assert identity.differences(saved, _default()) == []

@@ -117,7 +117,7 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
 # the paper's method, LoRA + aEPG + LAE; each argument sets the config fields named here.
 PAPER_ARGS: dict[str, Any] = {
     "peft": "lora",  # model.peft.kind: lora | adapter | prefix
-    "method": "lae",  # method.name: plain | lwf | lae | l2p | dualprompt | coda_prompt | inflora
+    "method": "lae",  # method.name: any of methods.NAMES (plain, lwf, lae, l2p, ...)
     "loss": "aepg",  # loss.name: ce | epg | aepg | mix | focal | label_smoothing | ...
     "seed": 0,  # seed and data.noise_seed (the label noise is fixed once per seed)
     "schedule": "sigmoid",  # schedule.name: sigmoid | linear | cosine | constant (loss=aepg)

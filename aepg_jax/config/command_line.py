@@ -4,7 +4,7 @@
 its `get_config(arg)` refuses, an unknown `--config.` field (the "did you mean" hint kept), an
 unknown flag (config fields named like it suggested), a value of the wrong type or a config file
 that imports a module name of the flat layout (`from aepg_jax import config_lib`: refused,
-naming the last version that reads it, `FLAT_NAMES_VERSION`) each end the process with exit
+naming the last version that reads it, `FLAT_NAMES_COMMIT`) each end the process with exit
 code 2 and one `error: ...` line on stderr (`system.cli.fail`); `--help` exits 0.
 """
 
@@ -27,10 +27,9 @@ REQUIRED = {
 }
 
 
-# The last version of aepg_jax whose config and experiment files import the flat layout's
-# module names (`from aepg_jax import config_lib`): a git tag of this repository.
-FLAT_NAMES_VERSION = "v0.1.0-flat-names"
-FLAT_NAMES_COMMIT = "67ddf42"  # the commit the tag names
+# The last commit of aepg_jax whose config and experiment files import the flat layout's
+# module names (`from aepg_jax import config_lib`).
+FLAT_NAMES_COMMIT = "67ddf42"
 # Each old flat module name -> the module that holds it now (for the refusal's hint only).
 OLD_NAMES = {
     "config_lib": "aepg_jax.config.schema",
@@ -76,7 +75,7 @@ def _importing_file(err: BaseException) -> str | None:
 
 def old_name_refusal(err: BaseException, path: str) -> str | None:
     """The one line refusing a config or experiment file (`path`, as the user named it) that
-    imports a module name of the flat layout (aepg_jax <= FLAT_NAMES_VERSION), or None when
+    imports a module name of the flat layout (aepg_jax <= commit FLAT_NAMES_COMMIT), or None when
     `err` is no such import."""
     chain, match = err, None
     while chain is not None and match is None:
@@ -91,9 +90,9 @@ def old_name_refusal(err: BaseException, path: str) -> str | None:
         relative = os.path.relpath(file)
         path = file if relative.startswith("..") else relative
     return (
-        f"{path} imports aepg_jax.{name}, a module name of aepg_jax <= {FLAT_NAMES_VERSION}; "
-        f"use {OLD_NAMES[name]} (the module that holds it now, docs/architecture.md) or check "
-        f"out that version (git checkout {FLAT_NAMES_VERSION}, or commit {FLAT_NAMES_COMMIT})."
+        f"{path} imports aepg_jax.{name}, a module name of aepg_jax <= commit "
+        f"{FLAT_NAMES_COMMIT}; use {OLD_NAMES[name]} (the module that holds it now, "
+        f"docs/architecture.md) or check out that version (git checkout {FLAT_NAMES_COMMIT})."
     )
 
 

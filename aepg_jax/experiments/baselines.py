@@ -318,11 +318,12 @@ DEMO_COLUMNS = [
 
 def demo_experiment(
     name: str,
-    title: str,
+    of: str,
     methods: tuple[tuple[str, str], ...],
     overrides: dict[str, Overrides] | None = None,
 ) -> Experiment:
-    """The experiment's methods on configs/demo.py (digits, tiny ViT, 5 tasks), CE, 2 seeds;
+    """`methods` on configs/demo.py (digits, tiny ViT, 5 tasks), CE, 2 seeds, titled "Demo of
+    `of`" (`of` names what it demonstrates: an experiment in backquotes, or the experiments);
     a method of `overrides` runs as a grid of its own with its overrides."""
     overrides = overrides or {}
     plain = [m for m, _ in methods if m not in overrides]
@@ -333,18 +334,18 @@ def demo_experiment(
               for m, o in overrides.items()]  # fmt: skip
     return Experiment(
         name,
-        f"Demo of `{title}`: {', '.join(n for _, n in methods)} on the embedded digits "
+        f"Demo of {of}: {', '.join(n for _, n in methods)} on the embedded digits "
         "(configs/demo.py), 2 seeds",
         grids,
-        [Table(f"Demo of {title} (digits, 5 tasks; no published numbers)",
+        [Table(f"Demo of {of.replace('`', '')} (digits, 5 tasks; no published numbers)",
                [Row(n, {"method": m, "loss": "ce"}) for m, n in methods], DEMO_COLUMNS)],
     )  # fmt: skip
 
 
 DEMOS = (
-    demo_experiment("coda_prompt_demo", "coda_prompt", PROMPTS),
-    demo_experiment("inflora_demo", "inflora", INFLORA_ROWS),
-    demo_experiment("pilot_demo", "pilot", PROMPTS),
+    demo_experiment("coda_prompt_demo", "`coda_prompt`", PROMPTS),
+    demo_experiment("inflora_demo", "`inflora`", INFLORA_ROWS),
+    demo_experiment("pilot_demo", "`pilot`", PROMPTS),
 )
 
 EXPERIMENTS = (CODA, INFLORA, PILOT_EXPERIMENT, *DEMOS)

@@ -512,7 +512,9 @@ HIDE_PROMPT_EXPERIMENT = Experiment(
 FIELD_METHODS = (("sd_lora", "SD-LoRA"), ("slca", "SLCA"), ("hide_prompt", "HiDe-Prompt"))
 # HiDe-Prompt trains its prompts from a task's first step (its reference settings).
 FIELD_OVERRIDES: dict[str, Overrides] = {"hide_prompt": (("optim.peft_freeze_epochs", "0"),)}
-FIELD_DEMO = demo_experiment("field_demo", "field", FIELD_METHODS, FIELD_OVERRIDES)
+FIELD_DEMO = demo_experiment(
+    "field_demo", "`sd_lora`, `slca` and `hide_prompt`", FIELD_METHODS, FIELD_OVERRIDES
+)
 
 
 # The methods that classify by class prototypes (methods/simplecil.py, ease.py, ranpac.py); one
@@ -526,7 +528,7 @@ PROTOTYPE_METHODS = (
 )
 PROTOTYPE_OVERRIDES: dict[str, Overrides] = {"ranpac": (("method.ranpac_m", "2000"),)}
 PROTOTYPES_DEMO = demo_experiment(
-    "prototypes_demo", "prototypes", PROTOTYPE_METHODS, PROTOTYPE_OVERRIDES
+    "prototypes_demo", "`aper`, `ease` and `ranpac`", PROTOTYPE_METHODS, PROTOTYPE_OVERRIDES
 )
 
 EXPERIMENTS = (
