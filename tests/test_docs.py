@@ -353,3 +353,15 @@ def test_the_docs_name_only_experiments_that_exist():
         if name not in known and name != "NAME"
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_every_headless_chromium_command_runs_as_root():
+    """Chromium refuses to start as root without `--no-sandbox`: every headless command in the
+    docs carries it."""
+    bad = [
+        f"{page.relative_to(ROOT)}:{i}: {line.strip()}"
+        for page in PAGES
+        for i, line in enumerate(page.read_text().splitlines(), 1)
+        if re.search(r"chromium --headless\b", line) and "--no-sandbox" not in line
+    ]
+    assert not bad, "\n".join(bad)

@@ -7,14 +7,18 @@ folders and results) for the runs the tables show (`tables.View`). The page hold
     * every table of the experiment as `tables.py` computes it: ours (mean ± sample std over
       the finished seeds, `k/n done`), the paper's number, Δ = ours - paper and the (!) mark,
       and beside it a dot chart per column of ours (± std) against the paper (± as printed);
+      ours alone (no paper columns, charts or legend) for a table with no published number,
+      and only the rows with a result or a published number in the charts;
     * aEPG beside CE: wherever cells of a table differ only in their `loss`, one chart of their
       incremental accuracy A_t after each task, the mean over seeds with a ± std band;
     * per run (a collapsible `<details>`, grouped by cell, i.e. the runs that differ only in
       their seed): its accuracy matrix as a heatmap, its loss / alpha / entropy curves over the
-      global step (metrics.jsonl; task boundaries dashed), its reliability diagram after the
-      last task (predictions.npz, 15 equal-width bins) with ECE, NLL and test entropy per
-      predictor (results.json; "scores, not probabilities" and no diagram for a predictor
-      whose outputs are not a probability model's, docs/algorithm.md §4), and the config
+      global step (metrics.jsonl; task boundaries dashed; the train entropy over the task's
+      classes, the test entropy over every seen class), its reliability diagram after the
+      last task (predictions.npz, 15 equal-width bins; the first predictor solid, the others
+      dashed over it) with ECE, NLL and test entropy per predictor (results.json; "scores, not
+      probabilities" and no line for a predictor whose outputs are not a probability model's,
+      docs/algorithm.md §4, named as not drawn), and the config
       fields in which it differs from its cell's other runs (`runs/identity.differences`).
 """
 
@@ -109,11 +113,25 @@ def _joined(text: str) -> str:
     return text.replace(" ± ", "\u00a0±\u00a0")
 
 
+def published(cells: list[list[CellText]]) -> bool:
+    """Whether any cell of a table has a published number (else it has no paper columns)."""
+    return any(c.paper_mean is not None or c.paper.strip() for row in cells for c in row)
+
+
+# The legend of a table without published numbers: ours only.
+OURS_LEGEND = "ours: mean ± std over seeds (n runs; `k/n done` while runs are missing)."
+
+
 def table_html(table: Table, cells: list[list[CellText]]) -> str:
-    """`table` as an HTML table: per column ours, paper, Δ (a flagged Δ marked)."""
+    """`table` as an HTML table: per column ours, paper, Δ (a flagged Δ marked); ours alone
+    when no cell has a published number."""
     e = svg.esc
-    head1 = "".join(f'<th colspan="3">{e(c.label)}</th>' for c in table.columns)
-    head2 = "<th>ours</th><th>paper</th><th>Δ</th>" * len(table.columns)
+    paper = published(cells)
+    span = ' colspan="3"' if paper else ""
+    head1 = "".join(f"<th{span}>{e(c.label)}</th>" for c in table.columns)
+    head2 = ("<th>ours</th><th>paper</th><th>Δ</th>" if paper else "<th>ours</th>") * len(
+        table.columns
+    )
     lines = [
         '<div class="scroll"><table class="results">',
         f"<thead><tr><th></th>{head1}</tr><tr><th>method</th>{head2}</tr></thead><tbody>",
@@ -121,24 +139,29 @@ def table_html(table: Table, cells: list[list[CellText]]) -> str:
     for row, row_cells in zip(table.rows, cells, strict=True):
         parts = [f"<td>{e(row.label)}</td>"]
         for c in row_cells:
-            parts.append(f"<td>{e(_joined(c.ours))}</td><td>{e(_joined(c.paper))}</td>")
-            flag = ' class="flag"' if c.flagged else ""
-            parts.append(f"<td{flag}>{e(c.diff)}</td>")
+            parts.append(f"<td>{e(_joined(c.ours))}</td>")
+            if paper:
+                flag = ' class="flag"' if c.flagged else ""
+                parts.append(f"<td>{e(_joined(c.paper))}</td><td{flag}>{e(c.diff)}</td>")
         lines.append(f"<tr>{''.join(parts)}</tr>")
     lines.append("</tbody></table></div>")
     return "\n".join(lines)
 
 
 def comparison_charts(table: Table, cells: list[list[CellText]]) -> list[str]:
-    """One dot chart per column: every row's ours (± std) beside the paper's (±)."""
+    """One dot chart per column: the rows with a result or a published number, ours (± std)
+    beside the paper's (±); ours alone when the table has no published number."""
     out = []
     for k, col in enumerate(table.columns):
         pairs = [
             svg.Pair(row.label, c.mean, c.std, c.paper_mean, c.paper_pm)
             for row, c in zip(table.rows, (r[k] for r in cells), strict=True)
         ]
-        if any(p.ours is not None or p.paper is not None for p in pairs):
-            out.append(svg.comparison(pairs, title=f"{col.label}: ours and paper", xlabel="%"))
+        pairs = [p for p in pairs if p.ours is not None or p.paper is not None]
+        if pairs:
+            paper = any(p.paper is not None for p in pairs)
+            title = f"{col.label}: ours and paper" if paper else f"{col.label}: ours"
+            out.append(svg.comparison(pairs, title=title, xlabel="%"))
     return out
 
 
@@ -268,15 +291,17 @@ def curve_charts(recs: Sequence[Mapping[str, Any]]) -> list[str]:
     x, y = _thin(*_series(train, "entropy"))
     ex, ey = _series(evals, "entropy")
     series = []
+    # The two are over different supports: a training batch's softmax over its task's
+    # classes (the loss's local logits), the test set's over every class seen so far.
     if x.size:
-        series.append(svg.Series("train batch", x, y))
+        series.append(svg.Series("train batch: task's classes", x, y))
     if ex.size:
-        series.append(svg.Series("test (after task)", ex, ey, points=True, line=False))
+        series.append(svg.Series("test: every seen class", ex, ey, points=True, line=False))
     if series:
         out.append(
             svg.chart(
                 series,
-                title="output entropy H(p)",
+                title="output entropy H(p), over the classes in the legend",
                 xlabel="global step",
                 ylabel="nats",
                 vlines=bounds,
@@ -290,8 +315,9 @@ def reliability_chart(
     folder: pathlib.Path, predictors: Sequence[str], notes: Mapping[str, str] | None = None
 ) -> str | None:
     """The reliability diagram after the last task evaluated, one line per predictor (not those
-    with a note in `notes`: scores, not probabilities), from the run's kept predictions; None
-    when it kept none or no predictor has one."""
+    with a note in `notes`: scores, not probabilities, named in the legend as not drawn), from
+    the run's kept predictions; None when it kept none or no predictor has one. The first
+    predictor is drawn solid, the others dashed over it, so that coinciding lines all show."""
     path = folder / predictions.FILE
     if not path.exists():
         return None
@@ -308,9 +334,15 @@ def reliability_chart(
         acc, mean_conf, count = metrics.reliability(conf, correct)
         seen = count > 0
         ece = 100.0 * metrics.ece(conf, correct)
-        series.append(svg.Series(f"{p} (ECE {ece:.1f}%)", mean_conf[seen], acc[seen], points=True))
+        label, dashed = f"{p} (ECE {ece:.1f}%)", bool(series)
+        series.append(svg.Series(label, mean_conf[seen], acc[seen], points=True, dashed=dashed))
     if not series:
         return None
+    series += [
+        svg.Series(f"{p}: {metrics.SCORES}, not drawn", [], [], line=False, color="#bbb")
+        for p in predictors
+        if (notes or {}).get(p)
+    ]
     task = int(arrays["after_task"].max()) + 1
     return svg.chart(
         series,
@@ -450,7 +482,8 @@ def page(
         body.append(f"<h3>{e(block.table.title)}</h3>")
         body.append(table_html(block.table, block.cells))
         if legend:
-            body.append(f'<p class="legend">{e(legend)}</p>')
+            shown = legend if published(block.cells) else OURS_LEGEND
+            body.append(f'<p class="legend">{e(shown)}</p>')
         charts = comparison_charts(block.table, block.cells)
         charts += loss_charts(block.part, block.table, by_name)
         if charts:

@@ -298,7 +298,8 @@ class Pair:
 
 def comparison(pairs: Sequence[Pair], *, title: str, xlabel: str, width: int = 440) -> str:
     """Ours (filled dot, bar = ± std over seeds) beside the paper (hollow diamond, bar = its ±),
-    one row per `pairs` entry, on a shared value axis."""
+    one row per `pairs` entry, on a shared value axis; the paper's legend entry only when some
+    pair has a published number."""
     left, right, top = 150, 14, 24
     row = 18
     height = top + row * len(pairs) + 44
@@ -353,8 +354,11 @@ def comparison(pairs: Sequence[Pair], *, title: str, xlabel: str, width: int = 4
     out.append(
         f'<circle cx="{left}" cy="{ly - 4}" r="3.5" fill="{PALETTE[0]}"/>'
         f'<text x="{left + 8}" y="{ly}">ours (± std over seeds)</text>'
-        f'<path d="M{left + 170},{ly - 9} l5,5 l-5,5 l-5,-5 z" fill="#fff" stroke="{PALETTE[3]}"/>'
-        f'<text x="{left + 180}" y="{ly}">paper (± as printed)</text>'
     )
+    if any(p.paper is not None for p in pairs):
+        out.append(
+            f'<path d="M{left + 170},{ly - 9} l5,5 l-5,5 l-5,-5 z" fill="#fff" '
+            f'stroke="{PALETTE[3]}"/><text x="{left + 180}" y="{ly}">paper (± as printed)</text>'
+        )
     out.append("</svg>")
     return "\n".join(out)

@@ -1,0 +1,93 @@
+"""The report page shows only what the sweep has: a table without published numbers has no
+paper columns and no paper legend, a row whose runs did not run takes no space in the charts,
+every predictor of the reliability diagram shows (the first solid, the others dashed over it;
+a predictor of scores named as not drawn), and the two entropies name their supports."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import test_report
+from test_report import TASKS, Collector, write_run
+
+from aepg_jax.experiments import Column, Experiment, Grid, Row, Table
+from aepg_jax.runs import predictions
+from aepg_jax.tables import report, tables
+
+UNPUBLISHED = Experiment(
+    "fake_unpublished",
+    "Fake, no published numbers",
+    [Grid("configs/demo.py", "method=plain,loss=ce/aepg,seed=0")],
+    [
+        Table(
+            "Fake demo (digits; no published numbers)",
+            columns=[Column("A_5", {}, "A_T")],
+            rows=[
+                Row("LoRA", {"loss": "ce"}),
+                Row("LoRA + aEPG", {"loss": "aepg"}),
+                Row("LoRA + EPG", {"loss": "epg"}),  # no run of the grid: never ran
+            ],
+        )
+    ],
+)
+
+
+def _svgs(text: str, cls: str) -> list[str]:
+    """The `<svg>` elements of class exactly `cls`."""
+    return re.findall(rf'<svg class="{cls}".*?</svg>', text, re.S)
+
+
+def test_a_table_without_published_numbers_shows_ours_alone(tmp_path):
+    for run in UNPUBLISHED.runs():
+        write_run(tmp_path / run.name, tables._configs(run, ())[0], run.seed, 0.6)
+    text = tables.report_page(str(tmp_path), UNPUBLISHED, tables.View(), set())
+    page = Collector()
+    page.feed(text)
+    assert "<th>paper</th>" not in text and "<th>Δ</th>" not in text
+    assert "paper (± as printed)" not in text and "Δ = ours - paper" not in text
+    assert f'<p class="legend">{report.svg.esc(report.OURS_LEGEND)}</p>' in text
+    i = page.cells.index("LoRA")
+    assert page.cells[i + 2] == "LoRA + aEPG"  # one cell per column: ours
+    # The row that never ran stays in the table, but takes no row of the chart.
+    assert "LoRA + EPG" in page.cells
+    (chart,) = _svgs(text, "comparison")
+    assert "LoRA + aEPG" in chart and "LoRA + EPG" not in chart and "paper" not in chart
+    # The entropies are labelled with their supports.
+    assert "train batch: task&#x27;s classes" in text and "test: every seen class" in text
+
+
+def test_a_table_with_published_numbers_keeps_its_paper_columns(tmp_path):
+    for run in test_report.EXPERIMENT.runs():
+        write_run(tmp_path / run.name, tables._configs(run, ())[0], run.seed, 0.6)
+    text = tables.report_page(str(tmp_path), test_report.EXPERIMENT, tables.View(), set())
+    assert "<th>paper</th>" in text and "paper (± as printed)" in text
+    assert "Δ = ours - paper" in text
+
+
+def test_every_predictor_of_the_reliability_diagram_shows(tmp_path):
+    """Two predictors with identical predictions: the second is dashed over the first, so both
+    show; a predictor of scores is named in the legend as not drawn."""
+    one = tmp_path / "one"
+    write_run(one, {"loss": {"name": "ce"}}, 0, 0.7)
+    arrays = predictions.load(one / predictions.FILE)
+    two = tmp_path / "two"
+    meta = {**test_report.META, "predictors": np.array(["online", "offline"])}
+    for j in range(TASKS):
+        rows = arrays["after_task"] == j
+        kept = {}
+        for k, v in arrays.items():
+            if k.startswith("model/"):
+                kept[k.replace("model/", "online/")] = v[rows]
+                kept[k.replace("model/", "offline/")] = v[rows]
+            elif not k.startswith("meta/"):
+                kept[k] = v[rows]
+        predictions.write(two, j, kept, meta)
+    chart = report.reliability_chart(
+        two, ["ensemble", "online", "offline"], {"ensemble": "scores: the max of two softmaxes"}
+    )
+    lines = re.findall(r"<polyline [^>]*>", chart)
+    assert len(lines) == 2
+    assert "stroke-dasharray" not in lines[0] and "stroke-dasharray" in lines[1]
+    assert "online (ECE" in chart and "offline (ECE" in chart
+    assert "ensemble: scores, not probabilities, not drawn" in chart
