@@ -3,7 +3,8 @@ r"""CLRS25 remote-sensing scenes: 25 classes in 5 tasks of 5, ViT-B/16 augreg wi
 Arguments (`configs/clrs25.py:key=value,...`, defaults in brackets):
   tasks [5]         tasks of 25 / tasks classes
   peft [lora]       lora | adapter | prefix
-  method [lae]      plain | lwf | lae
+  method [lae]      plain | lwf | lae (the paper's), or any other method of aepg_jax.methods
+                    (docs/methods.md)
   loss [aepg]       ce | epg | aepg | mix | focal | label_smoothing | confidence_penalty |
                     entropy_penalty
   seed [0]          the run's seed (the paper averages seeds 0-4 or 0-2)

@@ -3,7 +3,8 @@ r"""Split Food-101: 101 classes in 10 tasks (the first has 11), ViT-B/16 augreg 
 Arguments (`configs/food101.py:key=value,...`, defaults in brackets):
   tasks [10]        tasks (np.array_split of the 101 classes)
   peft [lora]       lora | adapter | prefix
-  method [lae]      plain | lwf | lae
+  method [lae]      plain | lwf | lae (the paper's), or any other method of aepg_jax.methods
+                    (docs/methods.md)
   loss [aepg]       ce | epg | aepg | mix | focal | label_smoothing | confidence_penalty |
                     entropy_penalty
   seed [0]          the run's seed (the paper averages seeds 0-4 or 0-2)

@@ -3,9 +3,10 @@ r"""Split ImageNet-R: 200 classes in 5, 10 or 20 tasks, ViT-B/16 augreg with PEF
 Arguments (`configs/imagenet_r.py:key=value,...`, defaults in brackets):
   tasks [10]        5 | 10 | 20 tasks (40, 20 or 10 classes each)
   peft [lora]       lora | adapter | prefix
-  method [lae]      plain | lwf | lae | l2p | dualprompt | coda_prompt | inflora (the prompt
+  method [lae]      plain | lwf | lae | l2p | dualprompt | coda_prompt | inflora (Table 1's), or
+                    any other method of aepg_jax.methods (docs/methods.md); the prompt
                     methods train their own prompts, InfLoRA its own per-task LoRA pairs:
-                    model.peft is set to none)
+                    model.peft is set to none
   loss [aepg]       ce | epg | aepg | mix | focal | label_smoothing | confidence_penalty |
                     entropy_penalty
   seed [0]          the run's seed (the paper averages seeds 0-4 or 0-2)
