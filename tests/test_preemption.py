@@ -101,6 +101,19 @@ def _stop_once_training(proc: subprocess.Popen, workdir, signum: int, task: int 
     return proc.returncode, stderr, time.time() - sent
 
 
+def _stopped(proc: subprocess.Popen, workdir, signum: int, pattern: str, task: int = 0):
+    """Stops the run with `signum` once it trains task `task` or later; checks that it ended
+    within 30 s with status 128 + signum and one line, no traceback; returns that line's match
+    of `pattern`."""
+    status, stderr, seconds = _stop_once_training(proc, workdir, signum, task)
+    lines = _message_lines(stderr)
+    assert status == 128 + signum and "Traceback" not in stderr, stderr[-3000:]
+    assert len(lines) == 1 and seconds < 30, (lines, seconds)
+    stopped = re.fullmatch(pattern, lines[0])
+    assert stopped, lines[0]
+    return stopped
+
+
 @pytest.mark.parametrize(
     "signum", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)]
 )
@@ -112,18 +125,14 @@ def test_a_stop_signal_checkpoints_the_step_and_the_rerun_resumes_exactly(
     reference = trainer.run(tiny_config(cache, **OVERRIDES), str(tmp_path / "straight"))
     config = write_spec(tmp_path / "spec.json", cache, OVERRIDES)
     workdir = tmp_path / "run"
-    status, stderr, seconds = _stop_once_training(_main(config, workdir), workdir, signum)
-    lines = _message_lines(stderr)
     name = signal.Signals(signum).name
-    assert status == 128 + signum, stderr[-3000:]
-    assert "Traceback" not in stderr and len(lines) == 1, lines
-    assert seconds < 30
-    stopped = re.fullmatch(
+    stopped = _stopped(
+        _main(config, workdir),
+        workdir,
+        signum,
         rf"stopped by {name} at task (\d)/2, step (\d+)/150 \(checkpoint (\d+) in (.+)\); run "
         "the same command to resume",
-        lines[0],
     )
-    assert stopped, lines[0]
     task, step, global_step = (int(stopped.group(i)) for i in (1, 2, 3))
     assert global_step == (task - 1) * 150 + step
     ckpt = checkpointing.Checkpointer(str(workdir / "checkpoints"))
@@ -216,18 +225,14 @@ def test_ctrl_c_in_the_default_run_resumes_at_its_step_and_a_second_one_stops_at
     reference = trainer.run(schema.from_file(config), str(straight))
     workdir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
 
-    status, stderr, seconds = _stop_once_training(
-        _main(config, workdir), workdir, signal.SIGINT, task=1
-    )
-    lines = _message_lines(stderr)
-    assert status == 130 and "Traceback" not in stderr and len(lines) == 1, stderr[-3000:]
-    assert seconds < 30
-    stopped = re.fullmatch(
+    stopped = _stopped(
+        _main(config, workdir),
+        workdir,
+        signal.SIGINT,
         rf"interrupted at task 2/5, step (\d+)/(\d+) \(checkpoint (\d+) in {checkpoints}\); "
         "run the same command to resume",
-        lines[0],
+        task=1,
     )
-    assert stopped, lines[0]
     step, total, global_step = (int(stopped.group(i)) for i in (1, 2, 3))
     assert 0 < step <= total and global_step == total + step
     assert _train_records(workdir)[-1]["step"] == global_step
