@@ -19,6 +19,7 @@ import jax
 
 from aepg_jax.config import schema
 from aepg_jax.continual import setup, trainer
+from aepg_jax.continual.programs import build_programs
 from aepg_jax.continual.results import Bookkeeping
 from aepg_jax.runs import checkpointing
 
@@ -32,7 +33,7 @@ def default_config():
 def time_task(cfg, workdir: str) -> tuple[float, float]:
     """(first pass seconds incl. compile, second pass seconds) of training task 0."""
     run = setup.build(cfg, workdir)
-    programs = trainer.build_programs(run)
+    programs = build_programs(run)
     book = Bookkeeping(run)
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
     times = []

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_methods.py [--model tiny|vit_b16] [--batch 32] [--steps 10] [--rounds 3]
 
-Each method's real jitted step (`continual.trainer.run_step_fn`: its forward, e.g. the prompt
+Each method's real jitted step (`continual.programs.run_step_fn`: its forward, e.g. the prompt
 methods' extra query pass, its loss terms, Adam, its per-step update) on task 1 of the embedded
 default's data (digits), a random backbone (the step's cost does not depend on the weights).
 `tiny` is the default's ViT; `vit_b16` is ViT-B/16 at 224 px (PEFT on blocks 0-4), slow on a
@@ -22,7 +22,7 @@ import time
 import jax
 
 from aepg_jax.config import schema
-from aepg_jax.continual import setup, trainer
+from aepg_jax.continual import programs, setup, trainer
 from aepg_jax.data import loader
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "default.py")
@@ -68,7 +68,7 @@ def stepper(cfg, workdir: str):
             4,
         )
     )
-    fn = jax.jit(trainer.run_step_fn(run, 1), donate_argnums=(0,))
+    fn = jax.jit(programs.run_step_fn(run, 1), donate_argnums=(0,))
     counter = itertools.count()
 
     def step(state):

@@ -73,7 +73,7 @@ import numpy as np
 
 from aepg_jax import losses, schedules
 from aepg_jax.config import schema
-from aepg_jax.continual import trainer
+from aepg_jax.continual.programs import plan_task
 from aepg_jax.data import datasets, loader
 from aepg_jax.experiments import layout, registry
 from aepg_jax.models import resnet
@@ -143,7 +143,7 @@ def continual_work(cfg, per_image: dict[str, float], passes: dict[str, int]) -> 
     (`shapes.run_data`, no arrays built); `passes`: the group's method programs' passes over
     each task's training data."""
     tasks = shapes.run_data(cfg).tasks.tasks
-    plans = [trainer.plan_task(cfg, task) for task in tasks]
+    plans = [plan_task(cfg, task) for task in tasks]
     seeds, e = cfg.num_seeds, cfg.eval.batch_size
     b = cfg.optim.batch_size * seeds
     work = {"train task 1": plans[0].total_steps * b}

@@ -72,7 +72,7 @@ NARROW = (
 # to $REHEARSE_EVENTS, then `python -m aepg_jax.main ARGS`.
 CHILD = """
 import functools, json, os, runpy, sys, time
-from aepg_jax.continual import setup, trainer
+from aepg_jax.continual import evaluation, fit, setup, trainer
 from aepg_jax.data import cache
 from aepg_jax.runs import checkpointing
 from aepg_jax.scratch import trainer as scratch
@@ -96,9 +96,9 @@ def timed(phase, fn, task_arg=None):
     return wrapper
 cache.load_or_build = timed("cache build", cache.load_or_build)
 setup.build = timed("setup", setup.build)
-trainer.check_fit = timed("fit check", trainer.check_fit, 2)
+fit.check_programs = timed("fit check", fit.check_programs, 2)
 trainer.train_task = timed("training steps", trainer.train_task, 4)
-trainer.evaluate = timed("evaluation", trainer.evaluate, 2)
+evaluation.evaluate = timed("evaluation", evaluation.evaluate, 2)
 # The from-scratch trainer: an epoch is a "task", evaluated on the whole test split after it.
 scratch._Run.__init__ = timed("setup", scratch._Run.__init__)
 scratch._Run.train_epoch = timed("training steps", scratch._Run.train_epoch, 2)

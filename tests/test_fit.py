@@ -133,18 +133,19 @@ def test_the_scanned_program_is_checked_with_the_largest_tasks_data(tmp_path, mo
     bytes and an int32 label; every task's data is padded to it), not the single step, and
     that compiled program is the one training runs. ~35 s on 2 cores."""
     from aepg_jax.continual import fit, setup, trainer
+    from aepg_jax.continual.programs import build_programs, largest_task
 
     monkeypatch.setenv("AEPG_FIT_CHECK", "1")
     cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 4, "optim.steps_per_call": 4})
     run = setup.build(cfg, str(tmp_path / "run"))
-    programs, state = trainer.build_programs(run), trainer.begin_task(run, 0, None)
+    programs, state = build_programs(run), trainer.begin_task(run, 0, None)
     sizes = [len(t.train_indices) for t in run.data.tasks.tasks]
-    assert trainer.largest_task(run) == 1 and sizes[1] == 436
+    assert largest_task(run) == 1 and sizes[1] == 436
     checked = {}
     monkeypatch.setattr(fit, "check", checked.update)
     for start in (0, 2):
         checked.clear()
-        trainer.check_fit(run, programs, start, state)
+        fit.check_programs(run, programs, start, state)
         (name,) = [k for k in checked if "train" in k]
         assert name == "the train program scanning task 2's 436 examples"
         program = checked[name]

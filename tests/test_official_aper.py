@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 from test_input_files import _tiny_augreg_config
 
+from aepg_jax import methods
 from aepg_jax.continual import trainer
 from aepg_jax.data import augment
 from aepg_jax.methods import aper, base, simplecil
@@ -135,7 +136,7 @@ def _predictions(method, trainable, state, frozen, official, task):
 def test_matches_the_official_code_end_to_end(name, official, folder, tmp_path, monkeypatch):
     results, recorded = _run(folder, tmp_path, monkeypatch, official, name)
     assert len(recorded) == TASKS
-    method = trainer.methods.get(name)(_config(folder, tmp_path, name))
+    method = methods.get(name)(_config(folder, tmp_path, name))
     for t, (trainable, state, frozen) in enumerate(recorded):
         seen = (t + 1) * PER_TASK
         # The prototypes: the official classifier's weight rows of the classes seen so far.

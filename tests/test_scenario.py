@@ -13,7 +13,7 @@ from tiny import tiny_config
 
 from aepg_jax import methods
 from aepg_jax.config import schema
-from aepg_jax.continual import setup, trainer
+from aepg_jax.continual import programs, setup, trainer
 from aepg_jax.data import datasets, embedded, source, splits
 from aepg_jax.methods.base import TaskSpec
 from aepg_jax.models import head
@@ -197,16 +197,16 @@ def test_train_step_runs_in_the_domain_scenario(tmp_path, method):
     cfg = domain_config(tmp_path, method, **{"optim.peft_freeze_epochs": 0})  # one branch
     run = setup.build(cfg, str(tmp_path / "run"))
     assert run.num_tasks == 4 and run.head_sizes == (10,)
-    step = jax.jit(trainer.train_step_fn(run, trainer.static_key(run, 0)))
+    step = jax.jit(programs.train_step_fn(run, programs.static_key(run, 0)))
     state = None
     for t in (0, 1):
         state = trainer.begin_task(run, t, state)
         assert head.head_sizes(state.trainable) == (10,)
-        spec = trainer.task_spec(run, t)
+        spec = programs.task_spec(run, t)
         assert (spec.offset, spec.num_classes, spec.scenario) == (0, 10, "domain")
-        batch = next(trainer.train_batches(run, t, epoch=0))
+        batch = next(programs.train_batches(run, t, epoch=0))
         before = jax.tree.map(np.asarray, state.trainable["head"])
-        state, metrics = step(state, run.frozen, batch, *trainer.task_args(run, t))
+        state, metrics = step(state, run.frozen, batch, *programs.task_args(run, t))
         assert np.isfinite(float(metrics["loss"]))
         if t == 0:  # the whole head trains
             moved = jax.tree.map(
@@ -224,14 +224,14 @@ def test_lwf_distils_every_class_from_the_second_domain(tmp_path):
     the model and its copy (positive once the copy is moved away)."""
     run = setup.build(domain_config(tmp_path, "lwf"), str(tmp_path / "run"))
     state = trainer.begin_task(run, 0, None)
-    batch = next(trainer.train_batches(run, 0, epoch=0))
+    batch = next(programs.train_batches(run, 0, epoch=0))
     images = batch["image"].astype(np.float32) / 127.5 - 1.0
     tree = jax.tree.map(np.asarray, state.trainable)
     copy = jax.tree.map(lambda x: x + 0.05, tree)  # a different "previous model"
     forward = jax.jit(
         lambda spec: run.method.forward(run.net, tree, run.frozen, copy, images, spec)
     )
-    extras = [float(forward(trainer.task_spec(run, t).traced())[1]) for t in (0, 1)]
+    extras = [float(forward(programs.task_spec(run, t).traced())[1]) for t in (0, 1)]
     assert extras[0] == 0.0 and extras[1] > 0.0
 
 

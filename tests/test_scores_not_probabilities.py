@@ -29,7 +29,7 @@ import pytest
 import test_report  # the fake sweep's run folders, written as the trainer writes them
 
 from aepg_jax import methods
-from aepg_jax.continual import fit, metrics, results, trainer
+from aepg_jax.continual import fit, metrics, programs, results, trainer
 from aepg_jax.data import splits
 from aepg_jax.evaluate import evaluate
 from aepg_jax.experiments import Column, Experiment, Grid, Row, Table
@@ -214,10 +214,10 @@ def test_a_task_the_method_does_not_train_may_be_smaller_than_a_batch():
     cfg = _ranpac(0)
     cfg.optim.batch_size = 32
     cfg.method.name = "simplecil"
-    assert trainer.plan_task(cfg, task).total_steps == 0
+    assert programs.plan_task(cfg, task).total_steps == 0
     cfg.method.name = "plain"  # a method that trains it: refused in one line
     with pytest.raises(ValueError, match=r"fewer than optim\.batch_size=32"):
-        trainer.plan_task(cfg, task)
+        programs.plan_task(cfg, task)
 
 
 def _cli(tmp_path: pathlib.Path, *flags: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -4,8 +4,8 @@ Every program the run executes is compiled ahead of time (`jit(...).lower(...).c
 train step, whose one program holds both phases of a task as a `lax.cond`, or with
 `optim.steps_per_call > 1` its `lax.scan` over the task's training data held on the device; the
 evaluation; a method's own passes such as InfLoRA's covariance) and XLA's memory analysis read.
-These are the executables training then runs (`trainer.Programs`): the check compiles nothing
-that training would not. A program's memory analysis says:
+These are the executables training then runs (`programs.Programs`; `check_programs`): the
+check compiles nothing that training would not. A program's memory analysis says:
 a program needs `temp + output - alias + code` bytes beyond its arguments, which already sit in
 memory, plus what is placed in memory for it alone (the scanned program's task data, sized for
 the largest task the process will train: the programs' shapes are the same for every task, the
@@ -35,10 +35,25 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from aepg_jax import methods
+from aepg_jax.continual.programs import (
+    Programs,
+    largest_task,
+    plan_task,
+    scanned_program,
+    static_key,
+    task_args,
+    task_spec,
+    train_batches,
+    trained_from,
+)
+from aepg_jax.continual.setup import Run
+from aepg_jax.continual.steps import TrainState
+from aepg_jax.data import loader
 from aepg_jax.system import host_memory
 
 ENV = "AEPG_FIT_CHECK"
@@ -172,3 +187,82 @@ def check(programs: dict[str, Program]) -> None:
         f"model.dtype=bfloat16 or a smaller model.image_size, or find the largest batch with "
         f"`python -m aepg_jax.plan --max_batch` ({ENV}=0 skips this check)."
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The continual run's programs, measured before its first step.
+
+
+def _scanned_train_program(
+    run: Run, programs: Programs, t: int, state: TrainState
+) -> tuple[str, Program]:
+    """(name, program): the scanned train program (the trainer's `_scanned_chunks`) compiled
+    for its longest chunk of steps, as `check` measures it, with the task data it holds on
+    each device while a task trains (`resident`: every task's data padded to the largest
+    task's)."""
+    cfg, tasks = run.cfg, run.data.tasks.tasks
+    largest = largest_task(run)
+    n, images = len(tasks[largest].train_indices), run.data.train.images
+    plan = plan_task(cfg, tasks[largest])
+    k = min(cfg.optim.steps_per_call, plan.steps_per_epoch, plan.total_steps)
+    seeds = (len(run.axis.seeds),) if run.axis.vmapped else ()
+    args = (
+        state,
+        run.frozen,
+        jax.ShapeDtypeStruct((n, *images.shape[1:]), images.dtype, sharding=run.replicated),
+        jax.ShapeDtypeStruct((n,), jnp.int32, sharding=run.replicated),
+        jax.ShapeDtypeStruct((k, *seeds, cfg.optim.batch_size), jnp.int32),
+        *task_args(run, t),
+    )
+    compiled = scanned_program(run, programs, static_key(run, largest), k).compile(*args)
+    resident = n * (int(np.prod(images.shape[1:])) * images.dtype.itemsize + 4)
+    name = f"the train program scanning task {largest + 1}'s {n} examples"
+    return name, Program(compiled, "optim.batch_size", cfg.optim.batch_size, resident)
+
+
+def check_programs(run: Run, programs: Programs, t: int, state: TrainState) -> None:
+    """`check` of every program tasks `t`.. run, compiled here for training to run (each
+    once: `Programs`): the train step on the first trained task's first batch (its shapes are
+    those of every task), or with `optim.steps_per_call > 1` the scanned program holding the
+    largest task's data on the device (neither when no task from `t` on trains); the
+    evaluation; the method's own passes (`AEPG_FIT_CHECK=0` skips: the programs then compile
+    at their first call)."""
+    if not enabled():
+        return
+    cfg = run.cfg
+    test = loader.iterate(
+        run.data.test.images,
+        run.data.tasks.test_labels,
+        run.data.tasks.tasks[0].test_indices,
+        cfg.eval.batch_size,
+        run.mesh,
+        train=False,
+    )
+    eval_batch = next(iter(test))
+    spec = task_spec(run, t).traced()
+    eval_args = (state.trainable, state.method_state, run.frozen, eval_batch, spec, spec)
+    checked = {
+        "the evaluation": Program(
+            programs.evaluate.compile(*eval_args), "eval.batch_size", cfg.eval.batch_size
+        ),
+    }
+    trained = trained_from(run, t)
+    if trained and cfg.optim.steps_per_call > 1:
+        train_name, train = _scanned_train_program(run, programs, t, state)
+        checked[train_name] = train
+    elif trained:
+        first = trained[0]
+        batch = next(train_batches(run, first, epoch=0))
+        compiled = programs.train[static_key(run, first)].compile(
+            state, run.frozen, batch, *task_args(run, first)
+        )
+        checked["the train step"] = Program(compiled, "optim.batch_size", cfg.optim.batch_size)
+    one = run.axis.unstack(state.trainable)[0], run.axis.unstack(state.method_state)[0]
+    hosted = run.method.host_programs(*one, run.frozen_of(0), eval_batch, t)
+    for name, (fn, args, _passes) in hosted.items():
+        # The method's hook calls the same jitted `fn`: jax keeps this compilation for it.
+        jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+        checked[f"{run.method.name}'s {name}"] = Program(
+            jitted.lower(*args).compile(), "eval.batch_size", cfg.eval.batch_size
+        )
+    check(checked)

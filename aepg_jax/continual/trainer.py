@@ -2,15 +2,16 @@
 
     run(cfg, workdir)
       build            the data cut into tasks, every seed's backbone and fresh PEFT, the
-                       method (`setup.build`), then the run's programs (`build_programs`: the
-                       train step, its `lax.scan` over device-resident data, the evaluation),
-                       each compiled once, at its first use
+                       method (`setup.build`), then the run's programs
+                       (`programs.build_programs`: the train step, its `lax.scan` over
+                       device-resident data, the evaluation), each compiled once, at first use
       restore          the newest checkpoint of `<workdir>/checkpoints`, if any (`restore`)
       for each task t:
         begin_task     the method's begin hook (e.g. LwF's frozen copy), its task leaves, a
                        fresh optimizer state
         fit check      once, before this process's first step: compiles the programs and
                        reads their memory analysis: do they fit the device?
+                       (`fit.check_programs`)
         train_task     the step loop: `optim.epochs` epochs (the last `max_steps_per_task`
                        capped), the alpha schedule restarting per task, PEFT frozen for the first
                        `optim.peft_freeze_epochs` epochs of tasks >= 1; logging every
@@ -19,7 +20,8 @@
                        (the last one too, before end_task) and `Preempted`
         end_task       the method's end hook (e.g. LAE's offline copy after task 0)
         evaluate       every seen task's test set, task-agnostic and, in the same pass, with the
-                       task given (argmax over its own classes; docs/algorithm.md §4, §17)
+                       task given (argmax over its own classes; docs/algorithm.md §4, §17;
+                       `evaluation.evaluate`)
         record         the eval records and A_t, then a checkpoint of phase `task_done`
       report           results.json and plots per seed, the seeds' summary, the terminal table
 
@@ -37,7 +39,6 @@ not saved: its fingerprint must match.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -49,91 +50,33 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from aepg_jax import methods, schedules
-from aepg_jax.config import schema
-from aepg_jax.continual import fit, setup, steps
+from aepg_jax.continual import evaluation, fit, setup, steps
+from aepg_jax.continual.programs import (
+    Programs,
+    TaskPlan,
+    build_programs,
+    largest_task,
+    plan_task,
+    scanned_program,
+    static_key,
+    task_args,
+    task_context,
+    task_spec,
+    train_batches,
+)
 from aepg_jax.continual.results import Bookkeeping, report
 from aepg_jax.continual.setup import Run
-from aepg_jax.data import loader, splits
+from aepg_jax.data import loader
 from aepg_jax.models import partition
-from aepg_jax.runs import checkpointing, predictions, records
-from aepg_jax.system import compiles, hosts, memory, preemption, progress
+from aepg_jax.runs import checkpointing, records
+from aepg_jax.system import compiles, memory, preemption, progress
 
 TrainState = steps.TrainState
 Chunks = Iterator[tuple[TrainState, int, int, dict]]  # (state, task step, k steps, metrics)
 
 
 # ---------------------------------------------------------------------------------------------
-# A task: its step counts, and how its compiled step and the method's hooks see it.
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskPlan:
-    """Step counts of one task."""
-
-    steps_per_epoch: int
-    total_steps: int
-    freeze_steps: int
-
-
-def plan_task(cfg: ml_collections.ConfigDict, task: splits.Task) -> TaskPlan:
-    """`epochs * floor(examples / batch)` steps (capped by `max_steps_per_task`; none on a task
-    the method does not train, which may be smaller than a batch), the first
-    `total * peft_freeze_epochs / epochs` of them head-only for tasks >= 1."""
-    o = cfg.optim
-    per_epoch = loader.num_batches(len(task.train_indices), o.batch_size, drop_last=True)
-    if not methods.get(cfg.method.name)(cfg).trains_task(task.index):
-        return TaskPlan(per_epoch, 0, 0)
-    if per_epoch == 0:
-        raise ValueError(
-            f"Task {task.index} has {len(task.train_indices)} training examples, fewer than "
-            f"optim.batch_size={o.batch_size}; lower the batch size or use fewer tasks."
-        )
-    total = o.epochs * per_epoch
-    if cfg.max_steps_per_task:
-        total = min(total, cfg.max_steps_per_task)
-    freeze = int(total * o.peft_freeze_epochs / o.epochs) if task.index >= 1 else 0
-    return TaskPlan(per_epoch, total, freeze)
-
-
-def task_spec(run: Run, t: int) -> methods.TaskSpec:
-    """Task `t` as its compiled step and the method hooks see it (Python ints; traced inside
-    the programs, which serve every task)."""
-    task = run.data.tasks.tasks[t]
-    return methods.TaskSpec(
-        index=t,
-        offset=task.offset,
-        num_classes=task.num_classes,
-        freeze_steps=plan_task(run.cfg, task).freeze_steps,
-        head_sizes=run.head_sizes,
-        scenario=run.data.tasks.scenario,
-    )
-
-
-def task_args(run: Run, t: int) -> tuple[methods.TaskSpec, jax.Array]:
-    """`(task, total_steps)`: the traced task arguments of the train step."""
-    plan = plan_task(run.cfg, run.data.tasks.tasks[t])
-    return task_spec(run, t).traced(), jnp.asarray(plan.total_steps, jnp.int32)
-
-
-def task_context(run: Run, t: int, seed_index: int) -> methods.TaskContext:
-    """One seed's view of task `t` for the method's host-side hooks."""
-    task = run.data.tasks.tasks[t]
-
-    def train_batches():
-        return loader.iterate(
-            run.data.train.images,
-            run.data.tasks.train_labels,
-            task.train_indices,
-            run.cfg.eval.batch_size,
-            run.mesh,
-            train=False,
-        )
-
-    def key():
-        return jax.random.fold_in(run.keys[seed_index], 3000 + t)
-
-    return methods.TaskContext(run.net, run.frozen_of(seed_index), train_batches, key)
+# A task's start and end: the method's hooks, per seed.
 
 
 def _per_seed(run: Run, trainable, method_state):
@@ -172,145 +115,6 @@ def end_task(run: Run, t: int, state: TrainState) -> TrainState:
         ]
     )
     return state.replace(method_state=method_state)
-
-
-# ---------------------------------------------------------------------------------------------
-# The programs: built once per run (`build_programs`), each compiled once for every task.
-
-
-def static_key(run: Run, t: int) -> int | None:
-    """What of task `t` stays a Python constant in its step: the steps per epoch of a per-epoch
-    learning-rate decay (None: a constant learning rate, one program for every task)."""
-    if run.cfg.optim.lr_schedule == "constant":
-        return None
-    return plan_task(run.cfg, run.data.tasks.tasks[t]).steps_per_epoch
-
-
-def train_step_fn(run: Run, key: int | None, phase: bool | None = None) -> Callable:
-    """`step(state, frozen, batch, task, total_steps) -> (state, metrics)` of the tasks whose
-    `static_key` is `key`, vmapped over seeds, not jitted (`steps.make_train_step`).
-
-    `phase` True / False fixes the PEFT-training flag (`aepg_jax.plan` costs each phase of a
-    task alone); None (training) reads it from the task step."""
-    cfg = run.cfg
-    one_seed = run.axis.unstack(setup.trainable_for(run, 0))[0]
-    labels = partition.label_params(one_seed)
-    has_peft = bool(jax.tree.leaves(partition.split(labels, labels, (partition.PEFT,))[0]))
-    hyper = schema.schedule_kwargs(cfg)
-    step_fn = steps.make_train_step(
-        run.method,
-        run.net,
-        run.loss_fn,
-        run.annealed,
-        lambda total: schedules.get_schedule(cfg.schedule.name, total, **hyper),
-        steps.optimizer(cfg, one_seed, key or 1, run.method.lr_scales),
-        labels,
-        has_peft and cfg.optim.peft_freeze_epochs > 0,
-        run.step_cfg,
-        steps.learning_rate(cfg, key or 1),
-        run.method.lr_scales,
-    )
-    lifted = run.axis.lift(step_fn, (0, run.frozen_axis, 0, None, None, None))
-    vmapped = run.axis.vmapped
-
-    def step(state, frozen, batch, task, total_steps):
-        # Every seed is at the same task step: one unbatched phase flag for all of them.
-        train_peft = state.task_step[0] >= task.freeze_steps if vmapped else None
-        if phase is not None:
-            train_peft = jnp.asarray(phase)
-        return lifted(state, frozen, batch, task, total_steps, train_peft)
-
-    return step
-
-
-def scanned_steps_fn(run: Run, step: Callable) -> Callable:
-    """`multi_step(state, frozen, images, labels, rows, task, total) -> (state, metrics)`: `k`
-    train steps as one `lax.scan`, step i's batch `images[rows[i]]` gathered on the device
-    (rows ([S,] B) per step); metrics `[S,] k`."""
-    vmapped = run.axis.vmapped
-    sharded = (loader.seeds_batch_sharding if vmapped else loader.batch_sharding)(run.mesh)
-
-    def multi_step(state, frozen, images, labels, rows, task, total):
-        def body(st, r):
-            batch = jax.lax.with_sharding_constraint(
-                {"image": images[r], "label": labels[r]}, sharded
-            )
-            return step(st, frozen, batch, task, total)
-
-        state, ms = jax.lax.scan(body, state, rows)  # metrics (k, [S])
-        return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), ms) if vmapped else ms
-
-    return multi_step
-
-
-def eval_step_fn(run: Run) -> Callable:
-    """`eval(trainable, method_state, frozen, batch, task, evaluated) -> sums`, vmapped over
-    seeds, not jitted (`steps.make_eval_step`)."""
-    step = steps.make_eval_step(run.method, run.net, run.step_cfg)
-    return run.axis.lift(step, (0, 0, run.frozen_axis, None, None, None))
-
-
-@dataclasses.dataclass(frozen=True)
-class Programs:
-    """The run's programs, each compiled once (`compiles.Once`), at its first use: the fit
-    check's (`check_fit`, which reads the executables' memory analysis) or training's. `steps`
-    and `train` are keyed by `static_key` (one entry for a constant learning rate, one per
-    distinct epoch length otherwise); `scanned` by (`static_key`, steps per call), made at
-    first use (`scanned_program`): the task's data is padded to the largest task's, so its size
-    is no key."""
-
-    steps: dict[int | None, Callable]  # the train step, not jitted (`aepg_jax.plan` lowers it)
-    train: dict[int | None, compiles.Once]  # the step, the state donated
-    scanned: dict[tuple[int | None, int], compiles.Once]  # multi_step, the state donated
-    evaluate: compiles.Once  # eval_step
-
-
-def build_programs(run: Run) -> Programs:
-    """Every program of the run, none compiled yet."""
-    keys = sorted({static_key(run, t) for t in range(run.num_tasks)}, key=lambda k: k or 0)
-    step_fns = {k: train_step_fn(run, k) for k in keys}
-    return Programs(
-        steps=step_fns,
-        train={k: compiles.Once(s, donate_argnums=(0,)) for k, s in step_fns.items()},
-        scanned={},
-        evaluate=compiles.Once(eval_step_fn(run)),
-    )
-
-
-def scanned_program(run: Run, programs: Programs, key: int | None, k: int) -> compiles.Once:
-    """The scanned train program of `k` steps per call for the tasks of `static_key` `key`."""
-    if (key, k) not in programs.scanned:
-        multi_step = scanned_steps_fn(run, programs.steps[key])
-        programs.scanned[key, k] = compiles.Once(multi_step, donate_argnums=(0,))
-    return programs.scanned[key, k]
-
-
-def largest_task(run: Run) -> int:
-    """The trained task with the most training examples (the first of them): the scanned
-    program holds every task's data padded to its size."""
-    tasks = run.data.tasks.tasks
-    trained = _trained_from(run, 0) or [0]
-    return max(trained, key=lambda i: len(tasks[i].train_indices))
-
-
-def run_step_fn(run: Run, t: int, phase: bool | None = None) -> Callable:
-    """`run_step(state, frozen, batch) -> (state, metrics)`: task `t`'s step with its task
-    arguments bound, not jitted (for `aepg_jax.plan`, which lowers it per phase)."""
-    step, (task, total) = train_step_fn(run, static_key(run, t), phase), task_args(run, t)
-
-    def run_step(state, frozen, batch):  # named: the plan's HLO dumps are found by it
-        return step(state, frozen, batch, task, total)
-
-    return run_step
-
-
-def eval_fn_of(run: Run, task: int) -> Callable:
-    """The evaluation after task `task` of that task's test set, not jitted: `eval(trainable,
-    method_state, frozen, batch) -> sums` (for `aepg_jax.plan`)."""
-    step, spec = eval_step_fn(run), task_spec(run, task).traced()
-    return lambda trainable, method_state, frozen, batch: step(
-        trainable, method_state, frozen, batch, spec, spec
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,23 +172,6 @@ def _resume_point(run: Run, task: int, step: int) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Training one task: the step loop.
-
-
-def train_batches(run: Run, t: int, epoch: int, start: int = 0):
-    """Task t's training batches of `epoch` (within the task) from the host loader, from batch
-    `start` on; a seed axis first when seeds are vmapped."""
-    seeds = run.axis.seeds
-    return loader.iterate(
-        run.data.train.images,
-        run.data.tasks.train_labels,
-        run.data.tasks.tasks[t].train_indices,
-        run.cfg.optim.batch_size,
-        run.mesh,
-        train=True,
-        seed=list(seeds) if run.axis.vmapped else seeds[0],
-        epoch=t * 100_000 + epoch,
-        start=start,
-    )
 
 
 def _step_chunks(run: Run, train: Callable, t: int, plan: TaskPlan, state, step: int) -> Chunks:
@@ -589,169 +376,6 @@ def train_task(
     return state
 
 
-def _trained_from(run: Run, t: int) -> list[int]:
-    """The tasks from `t` on that have optimizer steps."""
-    tasks = run.data.tasks.tasks
-    return [i for i in range(t, run.num_tasks) if plan_task(run.cfg, tasks[i]).total_steps]
-
-
-def _scanned_fit_program(
-    run: Run, programs: Programs, t: int, state: TrainState
-) -> tuple[str, fit.Program]:
-    """(name, program): the scanned train program (`_scanned_chunks`) compiled for its longest
-    chunk of steps, as `fit.check` measures it, with the task data it holds on each device while
-    a task trains (`resident`: every task's data padded to the largest task's)."""
-    cfg, tasks = run.cfg, run.data.tasks.tasks
-    largest = largest_task(run)
-    n, images = len(tasks[largest].train_indices), run.data.train.images
-    plan = plan_task(cfg, tasks[largest])
-    k = min(cfg.optim.steps_per_call, plan.steps_per_epoch, plan.total_steps)
-    seeds = (len(run.axis.seeds),) if run.axis.vmapped else ()
-    args = (
-        state,
-        run.frozen,
-        jax.ShapeDtypeStruct((n, *images.shape[1:]), images.dtype, sharding=run.replicated),
-        jax.ShapeDtypeStruct((n,), jnp.int32, sharding=run.replicated),
-        jax.ShapeDtypeStruct((k, *seeds, cfg.optim.batch_size), jnp.int32),
-        *task_args(run, t),
-    )
-    compiled = scanned_program(run, programs, static_key(run, largest), k).compile(*args)
-    resident = n * (int(np.prod(images.shape[1:])) * images.dtype.itemsize + 4)
-    name = f"the train program scanning task {largest + 1}'s {n} examples"
-    return name, fit.Program(compiled, "optim.batch_size", cfg.optim.batch_size, resident)
-
-
-def check_fit(run: Run, programs: Programs, t: int, state: TrainState) -> None:
-    """`fit.check` of every program tasks `t`.. run, compiled here for training to run (each
-    once: `Programs`): the train step on the first trained task's first batch (its shapes are
-    those of every task), or with `optim.steps_per_call > 1` the scanned program holding the
-    largest task's data on the device (neither when no task from `t` on trains); the
-    evaluation; the method's own passes (`AEPG_FIT_CHECK=0` skips: the programs then compile
-    at their first call)."""
-    if not fit.enabled():
-        return
-    cfg = run.cfg
-    test = loader.iterate(
-        run.data.test.images,
-        run.data.tasks.test_labels,
-        run.data.tasks.tasks[0].test_indices,
-        cfg.eval.batch_size,
-        run.mesh,
-        train=False,
-    )
-    eval_batch = next(iter(test))
-    spec = task_spec(run, t).traced()
-    eval_args = (state.trainable, state.method_state, run.frozen, eval_batch, spec, spec)
-    checked = {
-        "the evaluation": fit.Program(
-            programs.evaluate.compile(*eval_args), "eval.batch_size", cfg.eval.batch_size
-        ),
-    }
-    trained = _trained_from(run, t)
-    if trained and cfg.optim.steps_per_call > 1:
-        train_name, train = _scanned_fit_program(run, programs, t, state)
-        checked[train_name] = train
-    elif trained:
-        first = trained[0]
-        batch = next(train_batches(run, first, epoch=0))
-        compiled = programs.train[static_key(run, first)].compile(
-            state, run.frozen, batch, *task_args(run, first)
-        )
-        checked["the train step"] = fit.Program(compiled, "optim.batch_size", cfg.optim.batch_size)
-    one = run.axis.unstack(state.trainable)[0], run.axis.unstack(state.method_state)[0]
-    hosted = run.method.host_programs(*one, run.frozen_of(0), eval_batch, t)
-    for name, (fn, args, _passes) in hosted.items():
-        # The method's hook calls the same jitted `fn`: jax keeps this compilation for it.
-        jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-        checked[f"{run.method.name}'s {name}"] = fit.Program(
-            jitted.lower(*args).compile(), "eval.batch_size", cfg.eval.batch_size
-        )
-    fit.check(checked)
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluating after a task.
-
-
-def evaluate(run: Run, programs: Programs, task: int, state: TrainState, book: Bookkeeping):
-    """Accuracy of every predictor on tasks 0..task, per seed, recorded in `book.trackers`:
-    class-incremental (argmax over the seen classes) and task-incremental (argmax over task
-    i's own classes), both counted in the same pass.
-
-    Returns per seed `{"per_task": {i: {predictor: acc %}}, "task_incremental": {i: {predictor:
-    acc %}}, "entropy": mean entropy, "kept": the evaluation's kept predictions}`, the entropy
-    of the softmax over the seen classes, averaged over every seen test example; each
-    predictor's calibration over the kept predictions is recorded in the trackers.
-    """
-    predictors = run.method.predictors
-    spec = task_spec(run, task).traced()
-    num_seeds = len(run.axis.seeds)
-    entropy_sum, count_all = np.zeros(num_seeds), 0
-    per_task: list[dict] = [{} for _ in range(num_seeds)]
-    per_task_il: list[dict] = [{} for _ in range(num_seeds)]
-    kept: list[list[dict]] = [[] for _ in range(num_seeds)]
-    for i in range(task + 1):
-        evaluated = task_spec(run, i).traced()
-        sums, rows = None, []
-        for batch in loader.iterate(
-            run.data.test.images,
-            run.data.tasks.test_labels,
-            run.data.tasks.tasks[i].test_indices,
-            run.cfg.eval.batch_size,
-            run.mesh,
-            train=False,
-        ):
-            out, batch_rows = programs.evaluate(
-                state.trainable, state.method_state, run.frozen, batch, spec, evaluated
-            )
-            sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-            rows.append(batch_rows)
-        for s, seed_rows in enumerate(_kept_rows(run, rows, task, i)):
-            kept[s].append(seed_rows)
-        sums = jax.tree.map(run.axis.per_seed, sums)
-        count, own = int(sums["count"][0]), sums["task_incremental"]
-        for s, tracker in enumerate(book.trackers):
-            for p in predictors:
-                tracker.record(task, p, i, int(sums[p][s]), count, int(own[p][s]))
-            per_task[s][i] = {p: 100.0 * int(sums[p][s]) / max(count, 1) for p in predictors}
-            per_task_il[s][i] = {p: 100.0 * int(own[p][s]) / max(count, 1) for p in predictors}
-        entropy_sum += sums["entropy_sum"]
-        count_all += count
-    results = []
-    for s, tracker in enumerate(book.trackers):
-        entropy = float(entropy_sum[s]) / max(count_all, 1)
-        tracker.record_entropy(task, entropy)
-        evaluation = predictions.flatten(predictions.concat(kept[s]))
-        for p in predictors:
-            tracker.record_calibration(task, p, predictions.calibration_of(evaluation, p))
-        results.append(
-            {
-                "per_task": per_task[s],
-                "task_incremental": per_task_il[s],
-                "entropy": entropy,
-                "kept": evaluation,
-            }
-        )
-    return results
-
-
-def _kept_rows(run: Run, rows: list, after_task: int, task: int) -> list[dict]:
-    """Per seed, task `task`'s kept predictions after `after_task` on the host (the batches'
-    rows, padding dropped), with their `after_task`, `task` and dataset `index` columns."""
-    indices = run.data.tasks.tasks[task].test_indices
-    rows = hosts.gather(rows)  # every process's rows (multi-process), one host copy
-    out = []
-    for s in range(len(run.axis.seeds)):
-        mine = [jax.tree.map(lambda x, s=s: x[s], r) for r in rows] if run.axis.vmapped else rows
-        columns = predictions.host_rows(predictions.concat(mine), len(indices), sum(run.head_sizes))
-        n = len(indices)
-        columns["after_task"] = np.full(n, after_task, np.int16)
-        columns["task"] = np.full(n, task, np.int16)
-        columns["index"] = np.asarray(indices, np.int32)
-        out.append(columns)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # The run.
 
@@ -787,11 +411,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
                 if start_step == 0:
                     state = begin_task(r, t, state)
                 if t == start_task:  # before the first training step of this process
-                    check_fit(r, programs, t, state)
+                    fit.check_programs(r, programs, t, state)
                 state = train_task(r, programs, book, ckpt, t, state, start_step)
                 memory.release_free_pages()  # the step's temporaries (system/memory.py)
                 state = end_task(r, t, state)
-                results = evaluate(r, programs, t, state, book)
+                results = evaluation.evaluate(r, programs, t, state, book)
                 memory.release_free_pages()
                 step = r.axis.first(state.global_step)
                 book.record_eval(t, step, results)

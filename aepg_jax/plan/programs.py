@@ -1,10 +1,10 @@
 """Every jitted program a continual run executes, as `(function, arguments)` to lower, built by
 the run's own factories (no second construction of a step):
 
-  train task 1            `trainer.run_step_fn` of task 0 (PEFT and heads train)
+  train task 1            `continual/programs.py` `run_step_fn` of task 0 (PEFT and heads train)
   train task T head-only  task T-1's step in its head-only phase (when it has one)
   train task T            task T-1's step training PEFT and heads (its largest head set)
-  eval after task T       `trainer.eval_fn_of` over all T tasks' heads
+  eval after task T       `eval_fn_of` over all T tasks' heads
   <method program>        `Method.host_programs` (e.g. InfLoRA's covariance pass), one seed
 
 with the run's donation (the train state) and `num_seeds` vmapping. A task's step is compiled
@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from aepg_jax.continual import setup, trainer
+from aepg_jax.continual import setup
+from aepg_jax.continual.programs import eval_fn_of, run_step_fn, task_spec
 from aepg_jax.continual.setup import Run
 from aepg_jax.data import loader
 
@@ -104,12 +105,12 @@ def train_programs(run: Run) -> list[Program]:
     out = []
     tasks = [(0, None, "train task 1")]
     if last > 0:
-        if trainer.task_spec(run, last).freeze_steps > 0:
+        if task_spec(run, last).freeze_steps > 0:
             tasks.append((last, False, f"train task {last + 1} head-only"))
         tasks.append((last, True, f"train task {last + 1}"))
     for t, phase, name in tasks:
         state = task_state(run, t)
-        fn = trainer.run_step_fn(run, t, phase=phase)
+        fn = run_step_fn(run, t, phase=phase)
         out.append(
             Program(
                 name,
@@ -135,7 +136,7 @@ def eval_and_method_programs(run: Run) -> list[Program]:
         Program(
             f"eval after task {last + 1}",
             "eval",
-            trainer.eval_fn_of(run, last),
+            eval_fn_of(run, last),
             (state.trainable, state.method_state, run.frozen, eval_batch),
             (REPLICATED, REPLICATED, REPLICATED, BATCH),
             (),

@@ -1,8 +1,8 @@
 """The whole run's work from its own step counts: calls of each program, projected wall time.
 
 Calls: task 1's step `plan_task(task 0).total_steps` times; tasks 2..T's steps in their head-only
-phase `freeze_steps` times and in the PEFT phase the rest (`trainer.plan_task`), costed by the
-last task's programs (the head sizes differ by a few classes); after task t the evaluation runs
+phase `freeze_steps` times and in the PEFT phase the rest (`plan_task`), costed by the last
+task's programs (the head sizes differ by a few classes); after task t the evaluation runs
 `ceil(test_i / eval.batch_size)` batches for every seen task i <= t; a method program runs its
 passes over each task's training data per seed. Time = sum over programs of calls x FLOPs per
 call / (peak FLOP/s of the target x MFU); the HBM floor is calls x bytes accessed / (bandwidth x
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from aepg_jax.continual import trainer
+from aepg_jax.continual.programs import plan_task
 from aepg_jax.continual.setup import Run
 from aepg_jax.data import loader
 from aepg_jax.plan import programs as programs_lib
@@ -25,7 +25,7 @@ def calls(run: Run) -> dict[str, int]:
     """Program name -> calls in the whole run."""
     cfg, tasks = run.cfg, run.data.tasks.tasks
     last = len(tasks)
-    plans = [trainer.plan_task(cfg, task) for task in tasks]
+    plans = [plan_task(cfg, task) for task in tasks]
     out = {"train task 1": plans[0].total_steps}
     if last > 1:
         out[f"train task {last} head-only"] = sum(p.freeze_steps for p in plans[1:])
