@@ -32,7 +32,7 @@ import numpy as np
 from aepg_jax.continual import metrics
 from aepg_jax.experiments import Experiment, Run, Table
 from aepg_jax.runs import identity, predictions, records
-from aepg_jax.tables import svg
+from aepg_jax.tables import paired, svg
 
 MAX_POINTS = 400  # a curve longer than this is averaged over consecutive chunks
 LOSS_KEY = "loss"
@@ -99,6 +99,7 @@ class Block:
     part: Experiment
     table: Table
     cells: list[list[CellText]]
+    paired: Sequence[paired.PairedRow] = ()  # its rows against their CE rows, seed by seed
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -140,6 +141,48 @@ def comparison_charts(table: Table, cells: list[list[CellText]]) -> list[str]:
         if any(p.ours is not None or p.paper is not None for p in pairs):
             out.append(svg.comparison(pairs, title=f"{col.label}: ours and paper", xlabel="%"))
     return out
+
+
+# ------------------------------------------------------- aEPG against CE, paired by seed
+
+
+def paired_html(table: Table, rows: Sequence[paired.PairedRow]) -> str:
+    """The paired differences of `table` (`paired.py`): a table (one line per pair, one column
+    per table column) and one forest plot per metric, an estimate and its 95% interval per pair
+    and column, zero marked; "" when no two rows differ only in their loss."""
+    if not rows:
+        return ""
+    e = svg.esc
+    name = paired.title(table)
+    head = "".join(f"<th>{e(c.label)}</th>" for c in table.columns)
+    lines = [
+        f'<h4 class="paired">{e(name)}</h4>',
+        '<div class="scroll"><table class="paired">',
+        f"<thead><tr><th></th>{head}</tr></thead><tbody>",
+    ]
+    for r in rows:
+        cells = "".join(f"<td>{e(p.text())}</td>" for p in r.columns)
+        lines.append(f"<tr><td>{e(r.label)}</td>{cells}</tr>")
+    lines += ["</tbody></table></div>", f'<p class="legend">{e(paired.LEGEND)}</p>']
+    charts = []
+    metrics_in = dict.fromkeys(c.metric for c in table.columns)
+    for metric in metrics_in:
+        intervals = []
+        for r in rows:
+            for col, p in zip(table.columns, r.columns, strict=True):
+                if col.metric != metric or p.mean is None:
+                    continue
+                lo, hi = p.interval or (None, None)
+                label = f"{r.label} · {col.label}"
+                intervals.append(svg.Interval(label, p.mean, lo, hi, f"wins {p.wins}/{p.n}"))
+        if intervals:
+            labels = [c.label for c in table.columns if c.metric == metric]
+            charts.append(
+                svg.forest(intervals, title=f"{name}: {', '.join(labels)}", xlabel=f"difference in {metric} (row - CE)")
+            )
+    if charts:
+        lines.append(f'<div class="charts">{"".join(charts)}</div>')
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ aEPG beside CE: A_t curves
@@ -455,6 +498,7 @@ def page(
         charts += loss_charts(block.part, block.table, by_name)
         if charts:
             body.append(f'<div class="charts">{"".join(charts)}</div>')
+        body.append(paired_html(block.table, block.paired))
     if warnings:
         body.append('<h2 id="warnings">Warnings</h2><ul>')
         body += [f'<li class="warning">{e(w)}</li>' for w in warnings]

@@ -51,9 +51,10 @@ import numpy as np
 
 from aepg_jax import experiments
 from aepg_jax.continual import metrics
-from aepg_jax.experiments import Column, Experiment, Published, Row, Table, layout, registry
+from aepg_jax.experiments import Column, Experiment, Published, Row, Run, Table, layout, registry
 from aepg_jax.runs import identity
 from aepg_jax.system import cli
+from aepg_jax.tables import paired
 
 FORMATS = ("markdown", "latex", "csv")
 MARK = "(!)"
@@ -71,6 +72,8 @@ class Cell:
     published: Published | None
     other: int = 0  # finished runs of another config than the experiment's: left out
     scores: int = 0  # finished runs whose figure is null: scores, not probabilities
+    runs: tuple[Run, ...] = ()  # the run of each value, in `values`' order
+    selected: tuple[Run, ...] = ()  # every run of the cell that the view selects
 
     @property
     def n(self) -> int:
@@ -166,7 +169,7 @@ def cell(
     where = {**row.where, **col.where}
     runs = [r for r in experiment.select(where) if view.selects(r)]
     values, failed, other, scores = [], 0, 0, 0
-    missing = []
+    missing, valued = [], []
     for run in runs:
         changed = _changed(run, view.overrides)
         results = layout.run_results(root, run, changed)
@@ -184,6 +187,7 @@ def cell(
         problem = damage(root, run, results, col.metric, changed) if value is None else None
         if value is not None:
             values.append(value)
+            valued.append(run)
         elif results is not None and metrics.note_of(results, col.metric):
             scores += 1
         elif problem is not None:
@@ -199,7 +203,10 @@ def cell(
         tally.read += len(values) + scores
         if missing:
             tally.missing[(table.title, row.label, col.label)] = missing
-    return Cell(tuple(values), len(runs), failed, table.published(row, col), other, scores)
+    return Cell(
+        tuple(values), len(runs), failed, table.published(row, col), other, scores,
+        tuple(valued), tuple(runs),
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -396,6 +403,55 @@ def latex(table: Table, cells: list[list[Cell]]) -> str:
     return "\n".join(lines)
 
 
+def paired_rows(table: Table, cells: list[list[Cell]]) -> list[paired.PairedRow]:
+    """Every row of `table` that differs from a CE row only in its loss, paired with it seed by
+    seed in every column (`paired.compare`)."""
+    out = []
+    for j, i in paired.row_pairs(table):
+        columns = tuple(
+            paired.compare(
+                list(zip(b.runs, b.values, strict=True)),
+                list(zip(o.runs, o.values, strict=True)),
+                (b.selected, o.selected),
+                col.metric,
+            )
+            for col, b, o in zip(table.columns, cells[j], cells[i], strict=True)
+        )
+        label = f"{table.rows[i].label} - {table.rows[j].label}"
+        out.append(paired.PairedRow(j, i, label, columns))
+    return out
+
+
+def paired_markdown(table: Table, rows: Sequence[paired.PairedRow]) -> str:
+    """The paired block under a table: one line per pair, one column per table column."""
+    if not rows:
+        return ""
+    head = ["", *(c.label for c in table.columns)]
+    lines = [f"#### {paired.title(table)}: {table.title}", "", "| " + " | ".join(head) + " |"]
+    lines.append("|---" + "|---:" * (len(head) - 1) + "|")
+    lines += ["| " + " | ".join([r.label, *(p.text() for p in r.columns)]) + " |" for r in rows]
+    return "\n".join([*lines, "", paired.LEGEND])
+
+
+def paired_latex(table: Table, rows: Sequence[paired.PairedRow]) -> str:
+    if not rows:
+        return ""
+    n = len(table.columns)
+    lines = [
+        f"% {paired.title(table)}: {table.title}",
+        "% " + paired.LEGEND,
+        r"\begin{tabular}{l" + "r" * n + "}",
+        r"\toprule",
+        " & ".join(["", *(c.latex or _tex(c.label) for c in table.columns)]) + r" \\",
+        r"\midrule",
+    ]
+    lines += [
+        " & ".join([_tex(r.label), *(p.text().replace("—", "--") for p in r.columns)]) + r" \\"
+        for r in rows
+    ]
+    return "\n".join([*lines, r"\bottomrule", r"\end{tabular}"])
+
+
 CSV_FIELDS = (
     "table",
     "row",
@@ -411,21 +467,43 @@ CSV_FIELDS = (
     "diff",
     "flagged",
     "note",
+    # The row minus its CE row, paired by seed (`paired_rows`), on the non-CE row.
+    "paired_vs",
+    "paired_n",
+    "paired_expected",
+    "paired_mean",
+    "paired_lo",
+    "paired_hi",
+    "paired_wins",
 )
 
 
 def csv_rows(table: Table, cells: list[list[Cell]]) -> list[dict]:
     out = []
-    for row, row_cells in zip(table.rows, cells, strict=True):
-        for col, c in zip(table.columns, row_cells, strict=True):
+    pairs = {r.row: r for r in paired_rows(table, cells)}
+    for i, (row, row_cells) in enumerate(zip(table.rows, cells, strict=True)):
+        for k, (col, c) in enumerate(zip(table.columns, row_cells, strict=True)):
             p = c.published
-            out.append(dict(
+            out.append(_paired_fields(table, pairs.get(i), k))
+            out[-1].update(dict(
                 table=table.title, row=row.label, column=col.label, metric=col.metric, n=c.n,
                 expected=c.expected, failed=c.failed, mean=c.mean, std=c.std,
                 paper_mean=p.mean if p else None, paper_pm=p.pm if p else None, diff=c.diff,
                 flagged=int(c.flagged), note=metrics.SCORES if c.scores and not c.n else "",
             ))  # fmt: skip
     return out
+
+
+def _paired_fields(table: Table, row: paired.PairedRow | None, k: int) -> dict:
+    """The paired_* CSV fields of column `k` of `row` (empty where the row has no CE row)."""
+    if row is None:
+        return {}
+    p = row.columns[k]
+    lo, hi = p.interval or (None, None)
+    return dict(
+        paired_vs=table.rows[row.base].label, paired_n=p.n, paired_expected=p.expected,
+        paired_mean=p.mean, paired_lo=lo, paired_hi=hi, paired_wins=p.wins if p.n else None,
+    )  # fmt: skip
 
 
 def render(
@@ -455,10 +533,13 @@ def render(
         for table, cells in blocks:
             writer.writerows(csv_rows(table, cells))
         return buffer.getvalue()
-    fn = markdown if fmt == "markdown" else latex
+    fn, fn_paired = (markdown, paired_markdown) if fmt == "markdown" else (latex, paired_latex)
     selection = view.selection(root) if view else ""
     head = [(f"Shown: {selection}." if fmt == "markdown" else f"% Shown: {selection}.")]
-    return "\n\n".join(head * bool(selection) + [fn(t, c) for t, c in blocks]) + "\n"
+    texts = [
+        text for t, c in blocks for text in (fn(t, c), fn_paired(t, paired_rows(t, c))) if text
+    ]
+    return "\n\n".join(head * bool(selection) + texts) + "\n"
 
 
 def report_runs(root: str, experiment: Experiment, view: View) -> list:
@@ -502,6 +583,7 @@ def report_page(
     blocks = []
     for part, part_tables, _ in experiment.sections():
         for table in part_tables:
+            raw = grid(root, part, table, warnings, view, tally)
             cells = [
                 [
                     report.CellText(
@@ -511,9 +593,9 @@ def report_page(
                     )
                     for c in row
                 ]
-                for row in grid(root, part, table, warnings, view, tally)
+                for row in raw
             ]  # fmt: skip
-            blocks.append(report.Block(part, table, cells))
+            blocks.append(report.Block(part, table, cells, paired_rows(table, raw)))
     if tally.summary():
         warnings.add(tally.summary())
     shown = view.selection(root)
