@@ -32,7 +32,7 @@ def test_t_quantile_other_levels_and_bad_input():
     assert paired.t_two_sided(0.0, 3) == 0.0
     with pytest.raises(ValueError, match="df >= 1"):
         paired.t_two_sided(1.0, 0)
-    with pytest.raises(ValueError, match="0.5 < p < 1"):
+    with pytest.raises(ValueError, match=r"0\.5 < p < 1"):
         paired.t_quantile(0.4, 3)
 
 

@@ -178,7 +178,11 @@ def paired_html(table: Table, rows: Sequence[paired.PairedRow]) -> str:
         if intervals:
             labels = [c.label for c in table.columns if c.metric == metric]
             charts.append(
-                svg.forest(intervals, title=f"{name}: {', '.join(labels)}", xlabel=f"difference in {metric} (row - CE)")
+                svg.forest(
+                    intervals,
+                    title=f"{name}: {', '.join(labels)}",
+                    xlabel=f"difference in {metric} (row - CE)",
+                )
             )
     if charts:
         lines.append(f'<div class="charts">{"".join(charts)}</div>')

@@ -405,7 +405,7 @@ def latex(table: Table, cells: list[list[Cell]]) -> str:
 
 def paired_rows(table: Table, cells: list[list[Cell]]) -> list[paired.PairedRow]:
     """Every row of `table` that differs from a CE row only in its loss, paired with it seed by
-    seed in every column (`paired.compare`)."""
+    seed in every column (`paired.compare`); a pair whose cells select no run is left out."""
     out = []
     for j, i in paired.row_pairs(table):
         columns = tuple(
@@ -418,7 +418,8 @@ def paired_rows(table: Table, cells: list[list[Cell]]) -> list[paired.PairedRow]
             for col, b, o in zip(table.columns, cells[j], cells[i], strict=True)
         )
         label = f"{table.rows[i].label} - {table.rows[j].label}"
-        out.append(paired.PairedRow(j, i, label, columns))
+        if any(p.expected for p in columns):
+            out.append(paired.PairedRow(j, i, label, columns))
     return out
 
 
