@@ -1,0 +1,55 @@
+"""The experiment `field_claims` (`aepg_jax/experiments/claims.py`): every method that trains with
+a loss, CE and aEPG, 5 seeds, its official head init and N(0, 0.001^2), on configs/claims.py
+(the embedded default with arguments), and a table whose CE and aEPG rows pair."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import pathlib
+
+from aepg_jax import methods
+from aepg_jax.experiments import claims, registry
+from aepg_jax.tables import paired
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TRAINED = {"plain", "lae", "lwf", "l2p", "dualprompt", "coda_prompt", "inflora", "aper", "ease",
+           "ranpac", "sd_lora", "slca", "hide_prompt"}  # fmt: skip
+
+
+def test_field_claims_lists_every_method_loss_seed_and_head_init():
+    experiment = registry.get("field_claims")
+    runs = [r for grid in experiment.grids for r in grid.runs()]
+    cells = collections.defaultdict(set)
+    for run in runs:
+        args = dict(run.args)
+        assert run.config == "configs/claims.py"
+        cells[(args["method"], args["loss"], args["head_init"])].add(int(args["seed"]))
+    assert {m for m, _, _ in cells} == TRAINED
+    for method in TRAINED:
+        inits = {methods.get(method).official_head_init, "normal"}
+        for loss in ("ce", "aepg"):
+            for init in inits:
+                assert cells[(method, loss, init)] >= {0, 1, 2, 3, 4}, (method, loss, init)
+    assert {i for _, _, i in cells} == {"normal", "uniform", "trunc_normal", "linear"}
+    assert len(runs) == len(set(runs)) == sum(10 * len(claims.head_inits(m)) for m in TRAINED)
+    (table,) = experiment.tables
+    pairs = paired.row_pairs(table)
+    assert len(pairs) == sum(len(claims.head_inits(m)) for m in TRAINED)
+    for base, other in pairs:
+        assert table.rows[base].where == {**table.rows[other].where, "loss": "ce"}
+
+
+def test_claims_config_without_arguments_is_the_embedded_default():
+    def load(name):
+        spec = importlib.util.spec_from_file_location(f"_cfg_{name}", ROOT / "configs" / name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    default = load("default.py").get_config()
+    claims_config = load("claims.py")
+    assert claims_config.get_config().to_json() == default.to_json()
+    c = claims_config.get_config("method=l2p,loss=ce,head_init=normal,seed=3")
+    assert (c.method.name, c.loss.name, c.method.head_init, c.seed) == ("l2p", "ce", "normal", 3)
+    assert c.model.peft.kind == "none"  # L2P++ brings its own parameters
