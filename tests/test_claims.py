@@ -53,3 +53,26 @@ def test_claims_config_without_arguments_is_the_embedded_default():
     c = claims_config.get_config("method=l2p,loss=ce,head_init=normal,seed=3")
     assert (c.method.name, c.loss.name, c.method.head_init, c.seed) == ("l2p", "ce", "normal", 3)
     assert c.model.peft.kind == "none"  # L2P++ brings its own parameters
+
+
+def test_slca_and_hide_prompt_name_the_source_of_their_published_cells():
+    from aepg_jax.tables import tables
+
+    for name, cells, source in (
+        ("slca", ("91.53±0.28", "84.71±0.40", "90.94±0.68"), "VQ-Prompt (NeurIPS 2024)"),
+        ("hide_prompt", ("92.61±0.28", "86.61±0.18", "87.01±0.03"), "VQ-Prompt"),
+    ):
+        (table,) = registry.get(name).tables
+        ce = table.rows[0]
+        printed = [p for p in (table.published(ce, c) for c in table.columns) if p is not None]
+        assert {f"{p.mean:.2f}±{p.pm:.2f}" for p in printed} >= set(cells), name
+        assert len(printed) < len(table.columns)  # the compilation-only cells stay empty
+        line = tables.source_text(table, "markdown")
+        assert line.startswith("Published cells: ") and source in line
+        assert "third-party compilation, left empty" in line
+    (sd_lora,) = registry.get("sd_lora").tables
+    assert [r.label for r in sd_lora.rows][:2] == ["SD-LoRA (CE) vs logs", "SD-LoRA (CE) vs paper"]
+    assert sd_lora.published(sd_lora.rows[1], sd_lora.columns[0]).mean == 79.15
+    assert paired.row_pairs(sd_lora) == [(0, 2)]  # aEPG pairs with the first CE row
+    (aper,) = registry.get("aper").tables
+    assert "B0 Inc10" in aper.source and "logs" in aper.source

@@ -45,6 +45,7 @@ EXPERIMENT = Experiment(
             "Fake paired",
             columns=[Column("A_5", {}, "A_T"), Column("ECE_5", {}, "ece_T")],
             rows=[Row("LoRA", {"loss": "ce"}), Row("LoRA + aEPG", {"loss": "aepg"})],
+            source="a reprint",
         )
     ],
 )
@@ -87,6 +88,7 @@ def test_the_paired_column_of_a_fake_tree_is_the_hand_computation(tmp_path):
         f"| {e_mean:+.2f} [{e_mean - e_half:+.2f}, {e_mean + e_half:+.2f}] wins 1/2 (2/3 pairs) |"
     )
     assert "#### aEPG - CE (paired): Fake paired" in text
+    assert "\nPublished cells: a reprint\n" in text
 
     rows = list(csv.DictReader(io.StringIO(tables.render(str(tmp_path), EXPERIMENT, "csv"))))
     a_t, ece = (r for r in rows if r["row"] == "LoRA + aEPG")
@@ -103,6 +105,7 @@ def test_the_paired_column_of_a_fake_tree_is_the_hand_computation(tmp_path):
     assert latex.count(r"\begin{tabular}") == 2
 
     page = tables.report_page(str(tmp_path), EXPERIMENT, tables.View())
+    assert "published cells: a reprint" in page
     assert page.count('class="forest"') == 2  # one per metric
     assert page.count('class="zero"') == 2
     assert f"LoRA + aEPG - LoRA · A_5: {mean:+.2f}" in page

@@ -144,9 +144,10 @@ def row_pairs(table: Table) -> list[tuple[int, int]]:
     def rest(where: Mapping[str, Any]) -> tuple:
         return tuple(sorted((k, str(v)) for k, v in where.items() if k != LOSS))
 
-    baselines = {
-        rest(r.where): i for i, r in enumerate(table.rows) if str(r.where.get(LOSS)) == BASELINE
-    }
+    baselines: dict[tuple, int] = {}
+    for i, r in enumerate(table.rows):  # the first CE row of its settings
+        if str(r.where.get(LOSS)) == BASELINE:
+            baselines.setdefault(rest(r.where), i)
     out = []
     for i, r in enumerate(table.rows):
         loss = r.where.get(LOSS)

@@ -146,6 +146,11 @@ def comparison_charts(table: Table, cells: list[list[CellText]]) -> list[str]:
 # ------------------------------------------------------- aEPG against CE, paired by seed
 
 
+def source_html(table: Table) -> str:
+    """Where the table's published cells were read (`Table.source`), "" for the paper's own."""
+    return f'<p class="note">published cells: {svg.esc(table.source)}</p>' if table.source else ""
+
+
 def paired_html(table: Table, rows: Sequence[paired.PairedRow]) -> str:
     """The paired differences of `table` (`paired.py`): a table (one line per pair, one column
     per table column) and one forest plot per metric, an estimate and its 95% interval per pair
@@ -502,6 +507,7 @@ def page(
         charts += loss_charts(block.part, block.table, by_name)
         if charts:
             body.append(f'<div class="charts">{"".join(charts)}</div>')
+        body.append(source_html(block.table))
         body.append(paired_html(block.table, block.paired))
     if warnings:
         body.append('<h2 id="warnings">Warnings</h2><ul>')

@@ -423,6 +423,17 @@ def paired_rows(table: Table, cells: list[list[Cell]]) -> list[paired.PairedRow]
     return out
 
 
+def source_text(table: Table, fmt: str) -> str:
+    """The line naming where the table's published cells were read (`Table.source`)."""
+    if not table.source:
+        return ""
+    return (
+        f"Published cells: {table.source}"
+        if fmt == "markdown"
+        else f"% Published cells: {table.source}"
+    )
+
+
 def paired_markdown(table: Table, rows: Sequence[paired.PairedRow]) -> str:
     """The paired block under a table: one line per pair, one column per table column."""
     if not rows:
@@ -538,7 +549,10 @@ def render(
     selection = view.selection(root) if view else ""
     head = [(f"Shown: {selection}." if fmt == "markdown" else f"% Shown: {selection}.")]
     texts = [
-        text for t, c in blocks for text in (fn(t, c), fn_paired(t, paired_rows(t, c))) if text
+        text
+        for t, c in blocks
+        for text in (fn(t, c), source_text(t, fmt), fn_paired(t, paired_rows(t, c)))
+        if text
     ]
     return "\n\n".join(head * bool(selection) + texts) + "\n"
 
