@@ -9,6 +9,8 @@ folders and results) for the runs the tables show (`tables.View`). The page hold
       and beside it a dot chart per column of ours (± std) against the paper (± as printed);
     * aEPG beside CE: wherever cells of a table differ only in their `loss`, one chart of their
       incremental accuracy A_t after each task, the mean over seeds with a ± std band;
+    * aEPG against CE, paired by seed (`paired.py`): wherever rows differ only in their loss,
+      the paired differences as a table and a forest plot per metric (zero marked);
     * per run (a collapsible `<details>`, grouped by cell, i.e. the runs that differ only in
       their seed): its accuracy matrix as a heatmap, its loss / alpha / entropy curves over the
       global step (metrics.jsonl; task boundaries dashed), its reliability diagram after the
