@@ -11,8 +11,8 @@ differ only in their loss comes "aEPG - CE (paired)" (`paired.py`): per column, 
 seeds of each row's value minus its CE row's for the same seed and settings, its 95% Student t
 interval and wins/n (the CSV's `paired_*` fields; the report's forest plot); under a table whose
 published cells were not read in the paper itself, the line naming their source. The
-experiment is the one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it; the runs shown are those
-of the `--config.*` overrides the last sweep of DIR recorded (their run folders
+experiment is the one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it; the runs
+shown are those of the `--config.*` overrides the last sweep of DIR recorded (their run folders
 `<run>+<field>=<value>`), unless `--config.*` flags are given here (or `--no_overrides`, the
 experiment's own configs); a DIR whose sweeps ran several override sets names them in a
 `note:` line. The runs shown are those the sweeps of DIR selected with these overrides
