@@ -30,7 +30,8 @@ Config:
     uses_model_peft: whether the method trains the `model.peft` modules
     official_head_init: how its official code's task heads start (`models/head.py` INITS;
         normal unless it says), the init of `method.head_init=official` (the default)
-    earlier_head_init(flat): what its heads ran in a config saved before `method.head_init
+    earlier_head_init(flat): how its heads started in a (flat) config saved before
+        `method.head_init` existed (`head_init_before_field`; identity of runs saved then)
 Reports:
     scores: {predictor: why its outputs are scores, not a trained probability model}; their
         calibration (ECE, NLL, test entropy, reliability) is null in results.json with the note
@@ -92,10 +93,10 @@ class TaskSpec:
         return jnp.arange(num_classes) < self.stop
 
 
-# What the reports print instead of a calibration figure of a predictor in `Method.scores`;
-# its note reads "<SCORES>: <why>".
 # `method.head_init`'s default: the heads of the method's official code (`official_head_init`).
 OFFICIAL_HEAD_INIT = "official"
+# What the reports print instead of a calibration figure of a predictor in `Method.scores`;
+# its note reads "<SCORES>: <why>".
 SCORES = "scores, not probabilities"
 
 NEG = -1e30  # the logit of a masked class: softmax gives it probability 0 (exp underflows)
