@@ -1,6 +1,7 @@
-"""The experiment `field_claims` (`aepg_jax/experiments/claims.py`): every method that trains with
-a loss, CE and aEPG, 5 seeds, its official head init and N(0, 0.001^2), on configs/claims.py
-(the embedded default with arguments), and a table whose CE and aEPG rows pair."""
+"""The experiment `field_claims` (`aepg_jax/experiments/field_claims.py`): every method that
+trains with a loss, CE and aEPG, 5 seeds, its official head init and N(0, 0.001^2), on
+configs/claims.py (the embedded default with arguments), and a table whose CE and aEPG rows
+pair; the published cells of SLCA, HiDe-Prompt, SD-LoRA and APER with their sources."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import importlib.util
 import pathlib
 
 from aepg_jax import methods
-from aepg_jax.experiments import claims, registry
+from aepg_jax.experiments import field_claims, registry
 from aepg_jax.tables import paired
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -32,10 +33,10 @@ def test_field_claims_lists_every_method_loss_seed_and_head_init():
             for init in inits:
                 assert cells[(method, loss, init)] >= {0, 1, 2, 3, 4}, (method, loss, init)
     assert {i for _, _, i in cells} == {"normal", "uniform", "trunc_normal", "linear"}
-    assert len(runs) == len(set(runs)) == sum(10 * len(claims.head_inits(m)) for m in TRAINED)
+    assert len(runs) == len(set(runs)) == sum(10 * len(field_claims.head_inits(m)) for m in TRAINED)
     (table,) = experiment.tables
     pairs = paired.row_pairs(table)
-    assert len(pairs) == sum(len(claims.head_inits(m)) for m in TRAINED)
+    assert len(pairs) == sum(len(field_claims.head_inits(m)) for m in TRAINED)
     for base, other in pairs:
         assert table.rows[base].where == {**table.rows[other].where, "loss": "ce"}
 
