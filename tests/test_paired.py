@@ -82,9 +82,9 @@ def test_the_paired_column_of_a_fake_tree_is_the_hand_computation(tmp_path):
     e_mean, e_half = -0.5, 12.706204736174705 * math.sqrt(4.5) / math.sqrt(2)
 
     text = tables.render(str(tmp_path), EXPERIMENT, "markdown")
-    line = next(x for x in text.splitlines() if x.startswith("| LoRA + aEPG - LoRA |"))
+    line = next(x for x in text.splitlines() if x.startswith("| LoRA: aEPG - CE |"))
     assert line == (
-        f"| LoRA + aEPG - LoRA | {mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}] wins 2/3 "
+        f"| LoRA: aEPG - CE | {mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}] wins 2/3 "
         f"| {e_mean:+.2f} [{e_mean - e_half:+.2f}, {e_mean + e_half:+.2f}] wins 1/2 (2/3 pairs) |"
     )
     assert "#### aEPG - CE (paired): Fake paired" in text
@@ -101,14 +101,14 @@ def test_the_paired_column_of_a_fake_tree_is_the_hand_computation(tmp_path):
     assert all(r["paired_vs"] == "" for r in rows if r["row"] == "LoRA")
 
     latex = tables.render(str(tmp_path), EXPERIMENT, "latex")
-    assert f"LoRA + aEPG - LoRA & {mean:+.2f} [" in latex
+    assert f"LoRA: aEPG - CE & {mean:+.2f} [" in latex
     assert latex.count(r"\begin{tabular}") == 2
 
     page = tables.report_page(str(tmp_path), EXPERIMENT, tables.View())
     assert "published cells: a reprint" in page
     assert page.count('class="forest"') == 2  # one per metric
     assert page.count('class="zero"') == 2
-    assert f"LoRA + aEPG - LoRA · A_5: {mean:+.2f}" in page
+    assert f"LoRA: aEPG - CE · A_5: {mean:+.2f}" in page
 
 
 def test_rows_pair_only_when_they_differ_in_the_loss_alone():
@@ -124,6 +124,8 @@ def test_rows_pair_only_when_they_differ_in_the_loss_alone():
     )
     assert paired.row_pairs(table) == [(0, 1)]
     assert paired.title(table) == "aEPG - CE (paired)"
+    assert paired.pair_label("LAE", "LAE + aEPG") == "LAE: aEPG - CE"
+    assert paired.pair_label("CE", "LoRA_aEPG") == "LoRA_aEPG - CE"
     none_yet = paired.Paired((), 3)
     assert none_yet.text() == "— (0/3 pairs)" and none_yet.interval is None
     one = paired.Paired((2.0,), 1)

@@ -132,6 +132,12 @@ class PairedRow:
     columns: tuple[Paired, ...]
 
 
+def pair_label(base: str, other: str) -> str:
+    """`LAE: aEPG - CE` for the rows `LAE` and `LAE + aEPG`; `<other> - <base>` otherwise."""
+    extra = other[len(base) :].strip(" +") if other.startswith(base) else ""
+    return f"{base}: {extra} - CE" if extra else f"{other} - {base}"
+
+
 def pair_key(run: Run) -> tuple:
     """What a run shares with its counterpart of another loss: all but its loss."""
     return (run.config, tuple(kv for kv in run.args if kv[0] != LOSS), run.overrides)

@@ -421,7 +421,7 @@ def paired_rows(table: Table, cells: list[list[Cell]]) -> list[paired.PairedRow]
             )
             for col, b, o in zip(table.columns, cells[j], cells[i], strict=True)
         )
-        label = f"{table.rows[i].label} - {table.rows[j].label}"
+        label = paired.pair_label(table.rows[j].label, table.rows[i].label)
         if any(p.expected for p in columns):
             out.append(paired.PairedRow(j, i, label, columns))
     return out
