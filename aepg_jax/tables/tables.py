@@ -7,7 +7,7 @@ For every cell of the experiment's tables (the paper's, or the demo's): our mean
 std over the finished runs (seeds) with their number n, the published mean ± as printed, and
 Δ = ours - paper. A cell with runs missing shows how many are done (`3/5 done`) and how many
 failed; a cell whose |Δ| > max(1, 2 x the paper's ±) is marked `(!)`. Under a table whose rows
-differ only in their loss comes "aEPG - CE (paired)" (`paired.py`): per column, the mean over
+differ only in their loss comes "aEPG - CE (paired)": per column, the mean over
 seeds of each row's value minus its CE row's for the same seed and settings, its 95% Student t
 interval and wins/n (the CSV's `paired_*` fields; the report's forest plot); under a table whose
 published cells were not read in the paper itself, the line naming their source. The
