@@ -288,6 +288,33 @@ def test_the_heads_init_compares_as_what_the_heads_run_also_in_configs_saved_bef
         assert identity.differences(older, today) == ["method.head_init"], name
 
 
+def test_a_run_saved_before_head_init_resumes_with_the_init_its_heads_ran(tmp_path):
+    """A CODA-P run saved with `method.coda_head_init` (the field `method.head_init` replaced)
+    and an L2P++ run saved before either (heads N(0, 0.001^2)): `main` resumes each with the
+    init its heads ran, and refuses another, naming `method.head_init`."""
+    claims = str(ROOT / "configs" / "claims.py")
+    for method, saved_field, ran in (
+        ("coda_prompt", {"coda_head_init": "normal"}, "normal"),
+        ("coda_prompt", {"coda_head_init": "uniform"}, "official"),
+        ("l2p", {}, "normal"),
+    ):
+        run = tmp_path / f"{method}-{ran}"
+        run.mkdir()
+        saved = json.loads(schema.from_file(claims, f"method={method}").to_json_best_effort())
+        del saved["method"]["head_init"]
+        saved["method"].update(saved_field)
+        (run / "config.json").write_text(json.dumps(saved))
+        _checkpointed(run)
+        main.check_or_save_config(
+            schema.from_file(claims, f"method={method},head_init={ran}"), str(run)
+        )
+        other = "trunc_normal"
+        with pytest.raises(ValueError, match=r"differs in: method\.head_init\)"):
+            main.check_or_save_config(
+                schema.from_file(claims, f"method={method},head_init={other}"), str(run)
+            )
+
+
 # --- the sweep and the tables ----------------------------------------------------------------
 
 
