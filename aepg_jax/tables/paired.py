@@ -140,7 +140,7 @@ def pair_label(base: str, other: str) -> str:
 
 def pair_key(run: Run) -> tuple:
     """What a run shares with its counterpart of another loss: all but its loss."""
-    return (run.config, tuple(kv for kv in run.args if kv[0] != LOSS), run.overrides)
+    return (run.config, tuple(sorted(kv for kv in run.args if kv[0] != LOSS)), run.overrides)
 
 
 def row_pairs(table: Table) -> list[tuple[int, int]]:
