@@ -93,7 +93,6 @@ def test_the_fields_left_out_leave_results_json_unchanged(tmp_path):
     changed = {
         "method.ema_decay": 0.5, "method.lwf_temperature": 3.0, "method.l2p_pool_size": 7,
         "method.dualprompt_pool_size": 4, "method.coda_length": 4, "method.inflora_rank": 3,
-        "method.coda_head_init": "normal",
         "pretrain.epochs": 5, "pretrain.seed": 3, "pretrain.batch_size": 64,
         "pretrain.learning_rate": 0.1, "pretrain.shipped": False,
     }  # fmt: skip
@@ -262,25 +261,58 @@ def test_a_field_missing_from_a_saved_config_compares_at_its_schema_default():
     assert identity.differences(old, today) == ["model.family"]
 
 
-def test_a_field_whose_default_is_not_what_earlier_runs_did_compares_at_the_earlier_value():
-    """CODA-P's heads were N(0, 0.001^2) before `method.coda_head_init` existed: an earlier
-    CODA-P run is the `normal` one, not the new default."""
+def test_the_heads_init_compares_as_what_the_heads_run_also_in_configs_saved_before_it():
+    """`method.head_init=official` is the method's official init. A config saved before the
+    field compares as its heads ran then: CODA-P's at `method.coda_head_init` (the field it
+    replaced), or N(0, 0.001^2) before that one; L2P++'s N(0, 0.001^2); LAE's as today."""
     today = _default()
+    assert today["method"]["head_init"] == "official"
     today["method"]["name"] = "coda_prompt"
-    old = json.loads(json.dumps(today))
-    del old["method"]["coda_head_init"]
-    assert today["method"]["coda_head_init"] == "uniform"
-    assert identity.differences(old, today) == ["method.coda_head_init"]
-    today["method"]["coda_head_init"] = "normal"
-    assert identity.differences(old, today) == []
-    today["method"]["name"] = old["method"]["name"] = "lae"  # another method's field: inactive
-    del today["method"]["coda_head_init"]
-    assert (
-        identity.differences(
-            old, {**today, "method": {**today["method"], "coda_head_init": "uniform"}}
+    older = json.loads(json.dumps(today))
+    del older["method"]["head_init"]
+    assert identity.differences(older, today) == ["method.head_init"]  # normal, not uniform
+    with_field = json.loads(json.dumps(older))
+    for saved, same in (("uniform", ("official", "uniform")), ("normal", ("normal",))):
+        with_field["method"]["coda_head_init"] = saved
+        for value in ("official", "normal", "uniform", "linear"):
+            today["method"]["head_init"] = value
+            expected = [] if value in same else ["method.head_init"]
+            assert identity.differences(with_field, today) == expected, (saved, value)
+    today["method"]["head_init"] = "normal"
+    assert identity.differences(older, today) == []
+    for name, earlier in (("l2p", "normal"), ("lae", "official"), ("sd_lora", "linear")):
+        today["method"]["name"] = older["method"]["name"] = name
+        today["method"]["head_init"] = earlier
+        assert identity.differences(older, today) == [], name
+        today["method"]["head_init"] = "trunc_normal"
+        assert identity.differences(older, today) == ["method.head_init"], name
+
+
+def test_a_run_saved_before_head_init_resumes_with_the_init_its_heads_ran(tmp_path):
+    """A CODA-P run saved with `method.coda_head_init` (the field `method.head_init` replaced)
+    and an L2P++ run saved before either (heads N(0, 0.001^2)): `main` resumes each with the
+    init its heads ran, and refuses another, naming `method.head_init`."""
+    claims = str(ROOT / "configs" / "claims.py")
+    for method, saved_field, ran in (
+        ("coda_prompt", {"coda_head_init": "normal"}, "normal"),
+        ("coda_prompt", {"coda_head_init": "uniform"}, "official"),
+        ("l2p", {}, "normal"),
+    ):
+        run = tmp_path / f"{method}-{ran}"
+        run.mkdir()
+        saved = json.loads(schema.from_file(claims, f"method={method}").to_json_best_effort())
+        del saved["method"]["head_init"]
+        saved["method"].update(saved_field)
+        (run / "config.json").write_text(json.dumps(saved))
+        _checkpointed(run)
+        main.check_or_save_config(
+            schema.from_file(claims, f"method={method},head_init={ran}"), str(run)
         )
-        == []
-    )
+        other = "trunc_normal"
+        with pytest.raises(ValueError, match=r"differs in: method\.head_init\)"):
+            main.check_or_save_config(
+                schema.from_file(claims, f"method={method},head_init={other}"), str(run)
+            )
 
 
 # --- the sweep and the tables ----------------------------------------------------------------

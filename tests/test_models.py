@@ -330,6 +330,14 @@ class HeadTest(parameterized.TestCase):
         with pytest.raises(ValueError, match="use one of"):
             head.init_head(jax.random.key(3), width, n, "xavier")
 
+    def test_trunc_normal_head_init_is_timms(self):
+        # timm's init_weights_vit_timm: trunc_normal_(std=.02) (bounds +-2, absolute), bias 0.
+        new = head.init_head(jax.random.key(4), 768, 400, "trunc_normal")
+        self.assertAlmostEqual(float(new["kernel"].std()), 0.02, delta=2e-4)
+        self.assertLess(float(jnp.abs(new["kernel"]).max()), 0.2)
+        self.assertEqual(new["kernel"].dtype, jnp.float32)
+        np.testing.assert_array_equal(new["bias"], 0.0)
+
     def test_no_head_gives_empty_logits(self):
         cfg = _tiny()
         params = vit.init_params(cfg, jax.random.key(0))

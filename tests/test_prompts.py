@@ -244,26 +244,30 @@ def test_coda_checks_name_their_field():
         ("coda_pool_size", 2, r"method\.coda_pool_size=2 must be >= data\.num_tasks=3"),
         ("coda_blocks", (9,), r"method\.coda_blocks=\(9,\) has no block below model\.depth=4"),
         ("coda_ortho_weight", -1.0, r"method\.coda_ortho_weight=-1\.0 must be >= 0"),
-        ("coda_head_init", "xavier", r"method\.coda_head_init='xavier': use one of"),
+        ("head_init", "xavier", r"method\.head_init='xavier': use one of"),
     ):
         c = _method_config("coda_prompt", **{field: bad})
         with pytest.raises(ValueError, match=pattern):
             schema.validate(c)
 
 
-def test_coda_heads_start_as_torch_linear_and_every_other_methods_as_before():
-    """CODA-P's heads: its reference's nn.Linear init by default, `normal` on request; RanPAC's
-    and EASE's cosine classifiers their references' U(+-1/sqrt(D)); every other method keeps
-    N(0, 0.001^2) (docs/algorithm.md §18), but SD-LoRA's, its reference's `SimpleLinear`."""
+def test_every_methods_heads_start_as_its_official_codes_unless_head_init_says():
+    """`method.head_init=official` (the default): torch's nn.Linear init for L2P++, CODA-P and
+    InfLoRA, and RanPAC's and EASE's cosine classifiers, U(+-1/sqrt(D)); timm's trunc
+    N(0, 0.02^2) for DualPrompt (dualprompt-pytorch), SLCA and HiDe-Prompt; SD-LoRA's
+    `SimpleLinear`; N(0, 0.001^2) for plain, LAE, LwF (LAE's code) and the methods whose task
+    heads are unused (docs/algorithm.md §18). Any other value is every method's heads'."""
     from aepg_jax import methods
 
-    assert coda_prompt.CodaPrompt(_method_config("coda_prompt")).head_init == "uniform"
-    normal = _method_config("coda_prompt", coda_head_init="normal")
-    assert coda_prompt.CodaPrompt(normal).head_init == "normal"
-    own = {"coda_prompt": "uniform", "ranpac": "uniform", "ease": "uniform", "sd_lora": "linear"}
+    official = {
+        "l2p": "uniform", "coda_prompt": "uniform", "inflora": "uniform", "ranpac": "uniform",
+        "ease": "uniform", "dualprompt": "trunc_normal", "slca": "trunc_normal",
+        "hide_prompt": "trunc_normal", "sd_lora": "linear",
+    }  # fmt: skip
     for name, cls in methods.REGISTRY.items():
-        expected = own.get(name, "normal")
-        assert cls(_method_config(name)).head_init == expected, name
+        assert cls(_method_config(name)).head_init == official.get(name, "normal"), name
+        for init in ("normal", "uniform", "linear", "trunc_normal"):
+            assert cls(_method_config(name, head_init=init)).head_init == init, name
 
 
 @pytest.mark.slow
@@ -276,7 +280,7 @@ def test_a_coda_runs_heads_are_drawn_by_its_head_init(tmp_path):
     heads = {}
     for init in ("uniform", "normal"):
         cfg = tiny_config(
-            tmp_path / "cache", **{"method.name": "coda_prompt", "method.coda_head_init": init}
+            tmp_path / "cache", **{"method.name": "coda_prompt", "method.head_init": init}
         )
         run = setup.build(cfg, str(tmp_path / init))
         heads[init] = run.axis.unstack(setup.first_trainable(run))[0]["head"]

@@ -69,6 +69,14 @@ MARKDOWN = """\
 | LoRA_aEPG | 60.5 ± 0.7 (2/3 done, 1 failed) | 60.4 | +0.1 | 81.0 ± 1.4 (2/3 done, 1 failed) |  |  |
 
 ours: mean ± std over seeds (n runs; `k/n done` while runs are missing); Δ = ours - paper; (!): |Δ| > max(1, 2 x paper ±).
+
+#### aEPG - CE (paired): Fake table
+
+|  | A_5 | Ã_5 |
+|---|---:|---:|
+| LoRA_aEPG - CE | +9.50 [+3.15, +15.85] wins 2/2 (2/3 pairs) | +10.50 [+4.15, +16.85] wins 2/2 (2/3 pairs) |
+
+paired: per seed, the row's value minus its CE row's (same seed and settings); mean over the seeds both finished [95% CI, Student t with n - 1 df] and wins: seeds where the row is better (higher accuracy; lower ECE, NLL, forgetting).
 """  # noqa: E501
 
 LATEX = r"""% Fake table (paper: tab:fake)
@@ -83,6 +91,16 @@ CE & 52.0 $\pm$ 2.0 (n=3) & 50.5 $\pm$ 0.2 & +1.5 (!) & 71.0 $\pm$ 1.0 (n=3) &  
 LoRA\_aEPG & 60.5 $\pm$ 0.7 (2/3 done, 1 failed) & 60.4 & +0.1 & 81.0 $\pm$ 1.4 (2/3 done, 1 failed) &  &  \\
 \bottomrule
 \end{tabular}
+
+% aEPG - CE (paired): Fake table
+% paired: per seed, the row's value minus its CE row's (same seed and settings); mean over the seeds both finished [95% CI, Student t with n - 1 df] and wins: seeds where the row is better (higher accuracy; lower ECE, NLL, forgetting).
+\begin{tabular}{lrr}
+\toprule
+ & $A_{5}$ & $\tilde{A}_{5}$ \\
+\midrule
+LoRA\_aEPG - CE & +9.50 [+3.15, +15.85] wins 2/2 (2/3 pairs) & +10.50 [+4.15, +16.85] wins 2/2 (2/3 pairs) \\
+\bottomrule
+\end{tabular}
 """  # noqa: E501
 
 
@@ -92,7 +110,9 @@ def test_markdown_and_latex_of_a_fake_results_tree(tmp_path):
     assert tables.render(str(tmp_path), FAKE, "latex") == LATEX
     rows = tables.render(str(tmp_path), FAKE, "csv").splitlines()
     assert rows[0] == ",".join(tables.CSV_FIELDS)
-    assert rows[1] == "Fake table,CE,A_5,A_T,3,3,0,52.0,2.0,50.5,0.2,1.5,1,"
+    assert rows[1] == "Fake table,CE,A_5,A_T,3,3,0,52.0,2.0,50.5,0.2,1.5,1,,,,,,,,"
+    # aEPG - CE by seed: (60 - 50, 61 - 52) = (10, 9); 9.5 ± t(0.975, 1) x 0.7071 / √2.
+    assert rows[3].endswith(",CE,2,3,9.5,3.1468976319138156,15.853102368086184,2")
     assert len(rows) == 5
 
 

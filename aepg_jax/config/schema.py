@@ -99,6 +99,15 @@ Fields (defaults in brackets):
                                simplecil | aper | ease | ranpac | sd_lora | slca | hide_prompt
                                (methods/, one module each; simplecil and aper have no method.*
                                fields: APER adapts model.peft on task 0)
+  method.head_init [official]  how every method's task heads start: official (the method's
+                               official code's: uniform for L2P++, CODA-P, InfLoRA, EASE,
+                               RanPAC; trunc_normal for DualPrompt, SLCA, HiDe-Prompt; linear
+                               for SD-LoRA; normal for plain, LAE, LwF, SimpleCIL, APER:
+                               docs/algorithm.md §18) | normal (kernel N(0, 0.001^2), bias 0:
+                               LAE's) | uniform (kernel and bias U(+-1/sqrt(D)): torch's
+                               nn.Linear) | linear (kernel U(+-sqrt(3/D)), bias 0: PILOT's
+                               SimpleLinear) | trunc_normal (kernel N(0, 0.02^2) cut at +-2,
+                               bias 0: timm's); it replaces CODA-P's coda_head_init
   method.<field>               each method's own fields, declared (with their defaults and
                                checks) in its module: LAE ema_decay [0.999] (offline-PEFT EMA
                                decay); LwF lwf_temperature [1.0], lwf_weight [1.0];
@@ -111,10 +120,7 @@ Fields (defaults in brackets):
                                dualprompt_e_blocks [(2, 3, 4)], dualprompt_pull_weight [1.0];
                                CODA-P coda_pool_size [100] (pool // data.num_tasks per task),
                                coda_length [8] (half key, half value), coda_blocks
-                               [(0, 1, 2, 3, 4)], coda_ortho_weight [0.0], coda_head_init
-                               [uniform] (the heads' init: uniform, U(+-1/sqrt(D)) kernel and
-                               bias, CODA-Prompt's torch nn.Linear | normal, N(0, 0.001^2)
-                               kernel and bias 0, every other method's). Default block lists
+                               [(0, 1, 2, 3, 4)], coda_ortho_weight [0.0]. Default block lists
                                are cut at model.depth (an explicit list naming a block beyond it
                                is refused); the prompt methods ignore model.peft;
                                InfLoRA inflora_blocks [(0, 1, 2, 3, 4), cut at the depth] (blocks
@@ -185,7 +191,7 @@ from ml_collections import config_dict
 
 from aepg_jax import losses, methods, schedules
 from aepg_jax.config import input_files, validation
-from aepg_jax.models import vit
+from aepg_jax.models import head, vit
 
 
 def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
@@ -250,7 +256,7 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         lr_milestones=(),
         lr_decay=0.1,
     )
-    c.method = dict(name="plain", **methods.defaults())
+    c.method = dict(name="plain", head_init=methods.OFFICIAL_HEAD_INIT, **methods.defaults())
     c.eval = dict(batch_size=256)
     c.log_every_steps = 50
     c.checkpoint_every_steps = 0
@@ -300,6 +306,12 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int = 1) -> None:
     validation.check(
         cfg.method.name in methods.REGISTRY,
         f"method.name={cfg.method.name!r}: use one of {tuple(methods.REGISTRY)}.",
+        p,
+    )
+    inits = (methods.OFFICIAL_HEAD_INIT, *head.INITS)
+    validation.check(
+        cfg.method.head_init in inits,
+        f"method.head_init={cfg.method.head_init!r}: use one of {inits}.",
         p,
     )
     for method in methods.REGISTRY.values():  # every method's fields, whichever runs

@@ -10,14 +10,17 @@ import importlib.util
 import pathlib
 
 from aepg_jax.config import command_line
-from aepg_jax.experiments import baselines, field_methods, paper
+from aepg_jax.experiments import baselines, field_claims, field_methods, paper
 from aepg_jax.experiments.spec import Experiment
 
 
 def registry() -> dict[str, Experiment]:
     """The paper's experiments, the demo, the baselines' and the field's papers (with their
-    demos), by name."""
-    every = (*paper.EXPERIMENTS, *baselines.EXPERIMENTS, *field_methods.EXPERIMENTS)
+    demos) and the claim for every method (`field_claims.py`), by name."""
+    every = (
+        *paper.EXPERIMENTS, *baselines.EXPERIMENTS, *field_methods.EXPERIMENTS,
+        *field_claims.EXPERIMENTS,
+    )  # fmt: skip
     return {e.name: e for e in every}
 
 

@@ -269,6 +269,9 @@ class Table:
     rows: Sequence[Row]
     columns: Sequence[Column]
     label: str = ""  # the paper's \label, e.g. tab:sota
+    # Where the published cells were read when not in the paper itself (a reprint, the
+    # official logs), printed under the table; "" for the paper's own.
+    source: str = ""
 
     def published(self, row: Row, col: Column) -> Published | None:
         i = list(self.columns).index(col)

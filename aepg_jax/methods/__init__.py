@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from aepg_jax.methods.aper import Aper
-from aepg_jax.methods.base import Method, Network, TaskContext, TaskSpec
+from aepg_jax.methods.base import OFFICIAL_HEAD_INIT, Method, Network, TaskContext, TaskSpec
 from aepg_jax.methods.coda_prompt import CodaPrompt
 from aepg_jax.methods.dualprompt import DualPrompt
 from aepg_jax.methods.ease import Ease
@@ -42,7 +42,17 @@ _ORDER: tuple[type[Method], ...] = (
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in _ORDER}
 NAMES = tuple(REGISTRY)
 
-__all__ = ["NAMES", "REGISTRY", "Method", "Network", "TaskContext", "TaskSpec", "defaults", "get"]
+__all__ = [
+    "NAMES",
+    "OFFICIAL_HEAD_INIT",
+    "REGISTRY",
+    "Method",
+    "Network",
+    "TaskContext",
+    "TaskSpec",
+    "defaults",
+    "get",
+]
 
 
 def get(name: str) -> type[Method]:

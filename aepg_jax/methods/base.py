@@ -28,7 +28,10 @@ Config:
     memory_problems(cfg, left, where, seeds) -> [problems]   what cannot fit, before any build
     reference_settings: {"optim.field": value} of the method's reference implementation
     uses_model_peft: whether the method trains the `model.peft` modules
-    head_init: how its task heads start (`models/head.py` INITS; normal unless it says)
+    official_head_init: how its official code's task heads start (`models/head.py` INITS;
+        normal unless it says), the init of `method.head_init=official` (the default)
+    earlier_head_init(flat): how its heads started in a (flat) config saved before
+        `method.head_init` existed (`head_init_before_field`; identity of runs saved then)
 Reports:
     scores: {predictor: why its outputs are scores, not a trained probability model}; their
         calibration (ECE, NLL, test entropy, reliability) is null in results.json with the note
@@ -90,6 +93,8 @@ class TaskSpec:
         return jnp.arange(num_classes) < self.stop
 
 
+# `method.head_init`'s default: the heads of the method's official code (`official_head_init`).
+OFFICIAL_HEAD_INIT = "official"
 # What the reports print instead of a calibration figure of a predictor in `Method.scores`;
 # its note reads "<SCORES>: <why>".
 SCORES = "scores, not probabilities"
@@ -168,6 +173,13 @@ class Method:
     extra_train_forwards: ClassVar[int] = 0
     eval_forwards: ClassVar[int] = 1
     task_data_passes: ClassVar[int] = 0
+    # How the method's official code starts its task heads (`models/head.py` INITS): what
+    # `method.head_init=official`, the default, gives (docs/algorithm.md §18).
+    official_head_init: ClassVar[str] = "normal"
+    # The heads of a config saved before `method.head_init` existed, where they started
+    # otherwise than `official_head_init` (None: as it): a run saved then resumes
+    # (`runs/identity.py`).
+    head_init_before_field: ClassVar[str | None] = None
     # Calibration (docs/algorithm.md §4) belongs to a trained probability model: a softmax of
     # logits trained under a likelihood (plain's). `scores` names the predictors whose outputs
     # are not one, with why; their ECE, NLL, test entropy and reliability diagram are null.
@@ -196,9 +208,15 @@ class Method:
 
     @property
     def head_init(self) -> str:
-        """The initialisation of every task head (`models/head.py` INITS): N(0, 0.001^2)
-        kernels and zero biases, gqk/LAE's, unless the method's reference code differs."""
-        return "normal"
+        """The initialisation of every task head (`models/head.py` INITS): `method.head_init`,
+        its official code's (`official_head_init`) where that is `official`."""
+        chosen = self.cfg.method.get("head_init", OFFICIAL_HEAD_INIT)
+        return type(self).official_head_init if chosen == OFFICIAL_HEAD_INIT else chosen
+
+    @classmethod
+    def earlier_head_init(cls, flat: dict[str, Any]) -> str:
+        """The heads' init of a (flat) config saved before `method.head_init` existed."""
+        return cls.head_init_before_field or cls.official_head_init
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:

@@ -22,9 +22,11 @@ to each other, then unit-normalised; rows [0, s) keep their values bit for bit, 
 orthogonal; we project out the span of the earlier rows (identical when they are orthogonal,
 e.g. before any training, and what GS intends when training has moved them).
 
-Heads (`method.coda_head_init`): `uniform` (the default), kernel and bias ~ U(-1/sqrt(D),
-1/sqrt(D)), as the reference's `ViTZoo.last = nn.Linear(768, num_classes)` starts (torch's
-default init); `normal` gives every other method's N(0, 0.001^2) kernel and zero bias.
+Heads (`method.head_init`, every method's field): `official` (the default) is `uniform`, kernel
+and bias ~ U(-1/sqrt(D), 1/sqrt(D)), as the reference's `ViTZoo.last = nn.Linear(768,
+num_classes)` starts (torch's default init); `normal` gives N(0, 0.001^2) kernels and zero
+biases. It replaces CODA-P's own `method.coda_head_init`: a config saved with that field
+compares, and resumes, at its value (`earlier_head_init`).
 
 Domain-incremental (`data.scenario=domain`, docs/algorithm.md §17): runs. Task t (domain t) adds
 its rows of components as in the class scenario; the one head covers every class
@@ -42,7 +44,7 @@ import numpy as np
 
 from aepg_jax.methods import prompting
 from aepg_jax.methods.base import Params, block_problems
-from aepg_jax.models import head, vit
+from aepg_jax.models import vit
 
 _RESTART_NORM = 1e-4  # a fresh vector this close to the span of the earlier rows is redrawn
 
@@ -101,13 +103,14 @@ class CodaPrompt(prompting.PromptMethod):
     """CODA-P: a weighted sum of prompt components per block, new components per task."""
 
     name = "coda_prompt"
+    # `ViTZoo.last = nn.Linear(768, C)`, torch's default init (models/zoo.py L374).
+    official_head_init = "uniform"
     grows_on_host = True  # Gram-Schmidt in numpy (`orthogonalise`)
     defaults: ClassVar[dict[str, Any]] = {
         "coda_pool_size": 100,
         "coda_length": 8,
         "coda_blocks": (0, 1, 2, 3, 4),
         "coda_ortho_weight": 0.0,
-        "coda_head_init": "uniform",
     }
 
     @classmethod
@@ -118,8 +121,6 @@ class CodaPrompt(prompting.PromptMethod):
             p.append(f"method.coda_length={m.coda_length} must be even (L/2 keys, L/2 values).")
         if not m.coda_ortho_weight >= 0:
             p.append(f"method.coda_ortho_weight={m.coda_ortho_weight} must be >= 0.")
-        if m.coda_head_init not in head.INITS:
-            p.append(f"method.coda_head_init={m.coda_head_init!r}: use one of {head.INITS}.")
         if m.name == cls.name:
             p += block_problems(
                 "coda_blocks", m.coda_blocks, cfg.model.depth, cls.defaults["coda_blocks"]
@@ -131,9 +132,11 @@ class CodaPrompt(prompting.PromptMethod):
                 )
         return p
 
-    @property
-    def head_init(self) -> str:
-        return self.cfg.method.coda_head_init
+    @classmethod
+    def earlier_head_init(cls, flat: dict[str, Any]) -> str:
+        """A config saved before `method.head_init`: `method.coda_head_init`, the field it
+        replaced, or N(0, 0.001^2) from before that field."""
+        return flat.get("method.coda_head_init", "normal")
 
     @property
     def per_task(self) -> int:

@@ -61,6 +61,11 @@ class DualPrompt(prompting.PromptMethod):
     """DualPrompt: a shared g-prompt and per-task e-prompts, prefix prompts."""
 
     name = "dualprompt"
+    # dualprompt-pytorch's head: `nn.Linear` under timm's `init_weights_vit_timm`, trunc
+    # N(0, 0.02^2), bias 0 (vision_transformer.py L471-482, L611-616); N(0, 0.001^2) before
+    # `method.head_init`.
+    official_head_init = "trunc_normal"
+    head_init_before_field = "normal"
     reference_settings: ClassVar[dict[str, Any]] = DUALPROMPT_SETTINGS
     defaults: ClassVar[dict[str, Any]] = {
         "dualprompt_pool_size": 10,

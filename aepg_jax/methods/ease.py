@@ -169,6 +169,7 @@ class Ease(Method):
     """Expandable subspace ensemble: per-task adapters, completed prototypes, cosine scoring."""
 
     name = "ease"
+    official_head_init = "uniform"  # CosineLinear.reset_parameters: U(+-1/sqrt(D)), bias unused
     scores: ClassVar[dict[str, str]] = {
         "model": "weighted sums of cosine similarities to the class prototypes, with no "
         "trained scale (the reference's evaluation sigma stays 1)"
@@ -207,10 +208,6 @@ class Ease(Method):
             logging.info(
                 "EASE brings its own adapters: model.peft (%s) is not used.", cfg.model.peft.kind
             )
-
-    @property
-    def head_init(self) -> str:
-        return "uniform"  # CosineLinear.reset_parameters: U(+-1/sqrt(D)) (the bias is unused)
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:

@@ -181,6 +181,11 @@ class HiDePrompt(prompting.PromptMethod):
     Gaussians."""
 
     name = "hide_prompt"
+    # `VisionTransformer.head = nn.Linear` under timm's `init_weights_vit_timm`, trunc
+    # N(0, 0.02^2), bias 0 (vits/hide_prompt_vision_transformer.py `init_weights`);
+    # N(0, 0.001^2) before `method.head_init`.
+    official_head_init = "trunc_normal"
+    head_init_before_field = "normal"
     reference_settings: ClassVar[dict[str, Any]] = HIDE_PROMPT_SETTINGS
     task_data_passes: ClassVar[int] = 2  # the prompted and the backbone statistics pass
     # `grow` draws the prompts at task 0 and returns the tree unchanged after: on the host, so

@@ -121,6 +121,10 @@ class InfLoRA(ComposedParams, Method):
     """Interference-free LoRA: per-task (A_t, B_t) on K and V, A_t from the DualGPM memory."""
 
     name = "inflora"
+    # One `nn.Linear(embd_dim, n_t)` per task, torch's default init (models/sinet_inflorab5.py
+    # L74-77); N(0, 0.001^2) before `method.head_init`.
+    official_head_init = "uniform"
+    head_init_before_field = "normal"
     defaults: ClassVar[dict[str, Any]] = {
         "inflora_blocks": (0, 1, 2, 3, 4),  # the paper's InfLoRA-b5; all 12: the reference's
         "inflora_rank": 5,  # the paper's Table 5 (the reference's configs: 10)

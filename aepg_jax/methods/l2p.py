@@ -42,6 +42,10 @@ class L2P(prompting.PromptMethod):
     """L2P++: a shared prompt pool, top-k key matching, prefix prompts."""
 
     name = "l2p"
+    # CODA-Prompt's `ViTZoo.last = nn.Linear(768, C)`, torch's default init (models/zoo.py
+    # L374, built by learners/prompt.py L132); N(0, 0.001^2) before `method.head_init`.
+    official_head_init = "uniform"
+    head_init_before_field = "normal"
     defaults: ClassVar[dict[str, Any]] = {
         "l2p_pool_size": 30,
         "l2p_length": 20,

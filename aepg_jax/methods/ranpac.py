@@ -139,6 +139,8 @@ class RanPAC(Method):
     """First-session PEFT adaptation, then a frozen random-projection ridge classifier."""
 
     name = "ranpac"
+    # CosineLinear.reset_parameters: U(+-1/sqrt(D)), inc_net.py L24-26.
+    official_head_init = "uniform"
     defaults: ClassVar[dict[str, Any]] = {"ranpac_m": 10000}
     scores: ClassVar[dict[str, str]] = {
         "model": "ridge-regression outputs fitted by least squares to one-hot targets, not logits"
@@ -152,10 +154,6 @@ class RanPAC(Method):
         self.m = int(cfg.method.ranpac_m)
         self.dim = self.m if self.m > 0 else self.width  # L: the readout's input width
         self._programs: dict[str, Callable] = {}
-
-    @property
-    def head_init(self) -> str:
-        return "uniform"  # CosineLinear.reset_parameters: U(+-1/sqrt(D)), inc_net.py L24-26
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:

@@ -96,6 +96,7 @@ class SDLoRA(ComposedParams, Method):
     """Scalable decoupled LoRA: new direction per task, learned magnitudes of all of them."""
 
     name = "sd_lora"
+    official_head_init = "linear"  # the official `SimpleLinear`: U(+-sqrt(3/D)) kernel, bias 0
     defaults: ClassVar[dict[str, Any]] = {
         "sd_lora_blocks": tuple(range(12)),  # the official code's: every block of ViT-B
         "sd_lora_rank": 10,
@@ -126,10 +127,6 @@ class SDLoRA(ComposedParams, Method):
             logging.info(
                 "SD-LoRA brings its own LoRAs: model.peft (%s) is not used.", cfg.model.peft.kind
             )
-
-    @property
-    def head_init(self) -> str:
-        return "linear"  # the official `SimpleLinear`: U(+-sqrt(3/D)) kernel, bias 0
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:

@@ -102,6 +102,10 @@ class SLCA(Method):
     """Full fine-tuning at a slow backbone rate, classifier alignment from class Gaussians."""
 
     name = "slca"
+    # `SimpleContinualLinear`: `trunc_normal_(std=.02)`, bias 0 (convs/linears.py);
+    # N(0, 0.001^2) before `method.head_init`.
+    official_head_init = "trunc_normal"
+    head_init_before_field = "normal"
     uses_model_peft: ClassVar[bool] = False
     finetunes_backbone: ClassVar[bool] = True
     grows_on_host: ClassVar[bool] = True  # `grow` only drops leaves: no program to compile

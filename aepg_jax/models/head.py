@@ -7,6 +7,9 @@ without touching the earlier heads or anything else. Its initialisations (`INITS
            GT-RIPL/CODA-Prompt's `ViTZoo`, CODA-P's default)
   linear   kernel ~ U(-sqrt(3/D), sqrt(3/D)), bias 0 (LAMDA-PILOT's `SimpleLinear`:
            kaiming_uniform with the linear gain; SD-LoRA's classifier)
+  trunc_normal  kernel ~ N(0, 0.02^2) truncated to [-2, 2], bias 0 (timm's
+           `init_weights_vit_timm` of an `nn.Linear`, torch's `trunc_normal_(std=.02)` with its
+           absolute bounds: dualprompt-pytorch's, HiDe-Prompt's and SLCA's heads)
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import jax
 import jax.numpy as jnp
 
 KERNEL_INIT = nn.initializers.normal(stddev=1e-3)
-INITS = ("normal", "uniform", "linear")
+INITS = ("normal", "uniform", "linear", "trunc_normal")
+TRUNC_STD = 0.02
 
 
 def task_name(task: int) -> str:
@@ -72,6 +76,14 @@ def init_head(rng: jax.Array, width: int, num_classes: int, init: str = "normal"
         bound = math.sqrt(3.0 / width)
         return {
             "kernel": jax.random.uniform(rng, (width, num_classes), jnp.float32, -bound, bound),
+            "bias": jnp.zeros((num_classes,), jnp.float32),
+        }
+    if init == "trunc_normal":  # torch's trunc_normal_(std=.02, a=-2, b=2): its bounds are
+        # absolute, 100 std away, so it is a normal (jax's inverse-erf sampler over that
+        # range is float32-inexact in the tails: it widens the std by ~2%)
+        kernel = TRUNC_STD * jax.random.normal(rng, (width, num_classes), jnp.float32)
+        return {
+            "kernel": jnp.clip(kernel, -2.0, 2.0),
             "bias": jnp.zeros((num_classes,), jnp.float32),
         }
     raise ValueError(f"Unknown head init {init!r}; use one of {INITS}.")

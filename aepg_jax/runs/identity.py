@@ -17,8 +17,12 @@ expected configs with `differences`.
 3. A field missing from a saved config (written before the field existed) compares equal at
    its current default, taken from the schema (`schema.base_config`, or the from-scratch
    trainer's): a run written by an earlier version resumes. A field whose default is not what
-   earlier versions did compares at that earlier value (`EARLIER_VALUES`: an earlier CODA-P run
-   differs in `method.coda_head_init` and resumes with `--config.method.coda_head_init=normal`).
+   earlier versions did compares at that earlier value (`EARLIER_VALUES`). The heads' init
+   compares as what the heads run (`with_head_init`): `method.head_init=official` as the
+   method's official init, and a config saved before that field as what its heads ran then
+   (`Method.earlier_head_init`: CODA-P's `method.coda_head_init`, the field it replaced, or
+   N(0, 0.001^2) for the methods whose heads started so): such an L2P++ run differs in
+   `method.head_init` and resumes with `--config.method.head_init=normal`.
    An input digest missing from a saved config (written before digests were saved) is not
    compared there: the checkpoint's backbone fingerprint is still checked on resume
    (`continual/trainer.py`), and a finished run's results.json records its weights' sha256
@@ -50,7 +54,9 @@ NOT_IDENTITY = frozenset({
 
 # Fields added with a default that is not what configs written before them ran with: a saved
 # config without the field compares at this value instead of the schema's default.
-EARLIER_VALUES = {"method.coda_head_init": "normal"}  # CODA-P's heads were N(0, 0.001^2)
+EARLIER_VALUES: dict[str, Any] = {}
+HEAD_INIT = "method.head_init"
+REPLACED_BY_HEAD_INIT = ("method.coda_head_init",)  # fields `method.head_init` replaced
 
 INPUTS_KEY = "inputs"  # config.json's {field: digest} of the files the config names
 DIGEST_CACHE_ENV = "AEPG_DIGEST_CACHE"  # the file digests' cache (default ~/.cache/aepg_jax)
@@ -80,6 +86,24 @@ def _defaults(trainer: str, preset: str | None) -> dict[str, Any]:
     except (KeyError, ValueError):  # a preset this version does not know
         base = schema_module.base_config()
     return flatten(json.loads(base.to_json_best_effort()))
+
+
+def with_head_init(flat: dict[str, Any]) -> dict[str, Any]:
+    """The (flat) continual config `flat` with `method.head_init` as the init its heads run:
+    `official` as its method's `official_head_init`, absent (a config saved before the field)
+    as `Method.earlier_head_init`; the fields it replaced leave."""
+    out = {k: v for k, v in flat.items() if k not in REPLACED_BY_HEAD_INIT}
+    name = flat.get("method.name")
+    if flat.get("trainer", "continual") != "continual" or not isinstance(name, str):
+        return out
+    from aepg_jax import methods
+
+    method = methods.REGISTRY.get(name)
+    if method is None:
+        return out
+    init = flat[HEAD_INIT] if HEAD_INIT in flat else method.earlier_head_init(flat)
+    out[HEAD_INIT] = method.official_head_init if init == methods.OFFICIAL_HEAD_INIT else init
+    return out
 
 
 def defaults_of(flat: dict[str, Any]) -> dict[str, Any]:
@@ -246,8 +270,8 @@ def differences(a: dict, b: dict, *, contents: bool = True) -> list[str]:
     inactive in both; a field missing from one compares at its schema default. With
     `contents`, a file whose digest both record and that differs is named as
     `<field> content (<digest a> != <digest b>)`."""
-    fa = flatten({k: v for k, v in a.items() if k != INPUTS_KEY})
-    fb = flatten({k: v for k, v in b.items() if k != INPUTS_KEY})
+    fa = with_head_init(flatten({k: v for k, v in a.items() if k != INPUTS_KEY}))
+    fb = with_head_init(flatten({k: v for k, v in b.items() if k != INPUTS_KEY}))
     da, db = defaults_of(fa), defaults_of(fb)
     skip = NOT_IDENTITY | (inactive(fa) & inactive(fb))
     out = []

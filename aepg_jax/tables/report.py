@@ -11,6 +11,8 @@ folders and results) for the runs the tables show (`tables.View`). The page hold
       and only the rows with a result or a published number in the charts;
     * aEPG beside CE: wherever cells of a table differ only in their `loss`, one chart of their
       incremental accuracy A_t after each task, the mean over seeds with a ± std band;
+    * aEPG against CE, paired by seed (`paired.py`): wherever rows differ only in their loss,
+      the paired differences as a table and a forest plot per metric (zero marked);
     * per run (a collapsible `<details>`, grouped by cell, i.e. the runs that differ only in
       their seed): its accuracy matrix as a heatmap, its loss / alpha / entropy curves over the
       global step (metrics.jsonl; task boundaries dashed; the train entropy over the task's
@@ -36,7 +38,7 @@ import numpy as np
 from aepg_jax.continual import metrics
 from aepg_jax.experiments import Experiment, Run, Table
 from aepg_jax.runs import identity, predictions, records
-from aepg_jax.tables import svg
+from aepg_jax.tables import paired, svg
 
 MAX_POINTS = 400  # a curve longer than this is averaged over consecutive chunks
 LOSS_KEY = "loss"
@@ -103,6 +105,7 @@ class Block:
     part: Experiment
     table: Table
     cells: list[list[CellText]]
+    paired: Sequence[paired.PairedRow] = ()  # its rows against their CE rows, seed by seed
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -163,6 +166,57 @@ def comparison_charts(table: Table, cells: list[list[CellText]]) -> list[str]:
             title = f"{col.label}: ours and paper" if paper else f"{col.label}: ours"
             out.append(svg.comparison(pairs, title=title, xlabel="%"))
     return out
+
+
+# ------------------------------------------------------- aEPG against CE, paired by seed
+
+
+def source_html(table: Table) -> str:
+    """Where the table's published cells were read (`Table.source`), "" for the paper's own."""
+    return f'<p class="note">published cells: {svg.esc(table.source)}</p>' if table.source else ""
+
+
+def paired_html(table: Table, rows: Sequence[paired.PairedRow]) -> str:
+    """The paired differences of `table` (`paired.py`): a table (one line per pair, one column
+    per table column) and one forest plot per metric, an estimate and its 95% interval per pair
+    and column, zero marked; "" when no two rows differ only in their loss."""
+    if not rows:
+        return ""
+    e = svg.esc
+    name = paired.title(table)
+    head = "".join(f"<th>{e(c.label)}</th>" for c in table.columns)
+    lines = [
+        f'<h4 class="paired">{e(name)}</h4>',
+        '<div class="scroll"><table class="paired">',
+        f"<thead><tr><th></th>{head}</tr></thead><tbody>",
+    ]
+    for r in rows:
+        cells = "".join(f"<td>{e(p.text())}</td>" for p in r.columns)
+        lines.append(f"<tr><td>{e(r.label)}</td>{cells}</tr>")
+    lines += ["</tbody></table></div>", f'<p class="legend">{e(paired.LEGEND)}</p>']
+    charts = []
+    metrics_in = dict.fromkeys(c.metric for c in table.columns)
+    for metric in metrics_in:
+        intervals = []
+        for r in rows:
+            for col, p in zip(table.columns, r.columns, strict=True):
+                if col.metric != metric or p.mean is None:
+                    continue
+                lo, hi = p.interval or (None, None)
+                label = f"{r.label} · {col.label}"
+                intervals.append(svg.Interval(label, p.mean, lo, hi, f"wins {p.wins}/{p.n}"))
+        if intervals:
+            labels = [c.label for c in table.columns if c.metric == metric]
+            charts.append(
+                svg.forest(
+                    intervals,
+                    title=f"{name}: {', '.join(labels)}",
+                    xlabel=f"difference in {metric} (row - CE)",
+                )
+            )
+    if charts:
+        lines.append(f'<div class="charts">{"".join(charts)}</div>')
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ aEPG beside CE: A_t curves
@@ -488,6 +542,8 @@ def page(
         charts += loss_charts(block.part, block.table, by_name)
         if charts:
             body.append(f'<div class="charts">{"".join(charts)}</div>')
+        body.append(source_html(block.table))
+        body.append(paired_html(block.table, block.paired))
     if warnings:
         body.append('<h2 id="warnings">Warnings</h2><ul>')
         body += [f'<li class="warning">{e(w)}</li>' for w in warnings]

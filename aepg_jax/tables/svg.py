@@ -362,3 +362,60 @@ def comparison(pairs: Sequence[Pair], *, title: str, xlabel: str, width: int = 4
         )
     out.append("</svg>")
     return "\n".join(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """One row of a forest plot: an estimate and its interval (None: no interval)."""
+
+    label: str
+    mean: float
+    lo: float | None = None
+    hi: float | None = None
+    note: str = ""
+
+
+def forest(rows: Sequence[Interval], *, title: str, xlabel: str, width: int = 520) -> str:
+    """A forest plot: per row its estimate (dot) and interval (bar), on a value axis with zero
+    marked (a solid vertical line), `note` printed at the right."""
+    left, right, top, row = 190, 80, 24, 18
+    bottom = top + row * len(rows)
+    height = bottom + 32
+    values = [0.0] + [v for r in rows for v in (r.mean, r.lo, r.hi) if v is not None]
+    x0, x1 = _extent(values, pad=0.08)
+    pw = width - left - right
+
+    def sx(v):
+        return left + (v - x0) / (x1 - x0) * pw
+
+    out = _open(width, height, title, "forest")
+    for t in ticks(x0, x1, 6):
+        out.append(
+            f'<line x1="{_n(sx(t))}" x2="{_n(sx(t))}" y1="{top}" y2="{bottom}" stroke="#ddd" '
+            f'stroke-width="0.6"/><text x="{_n(sx(t))}" y="{bottom + 12}" text-anchor="middle">'
+            f"{_tick_text(t)}</text>"
+        )
+    out.append(
+        f'<line class="zero" x1="{_n(sx(0.0))}" x2="{_n(sx(0.0))}" y1="{top - 4}" y2="{bottom}" '
+        'stroke="#000" stroke-width="1.1"/>'
+    )
+    for k, r in enumerate(rows):
+        y = top + row * (k + 0.5)
+        label = r.label if len(r.label) <= 32 else r.label[:31] + "…"
+        out.append(f'<text x="{left - 6}" y="{_n(y + 4)}" text-anchor="end">{esc(label)}</text>')
+        if r.lo is not None and r.hi is not None:
+            out.append(
+                f'<line x1="{_n(sx(r.lo))}" x2="{_n(sx(r.hi))}" y1="{_n(y)}" y2="{_n(y)}" '
+                f'stroke="{PALETTE[0]}" stroke-width="1.6"/>'
+            )
+        out.append(
+            f'<circle cx="{_n(sx(r.mean))}" cy="{_n(y)}" r="3.5" fill="{PALETTE[0]}">'
+            f"<title>{esc(r.label)}: {r.mean:+.2f}</title></circle>"
+        )
+        if r.note:
+            out.append(f'<text x="{left + pw + 6}" y="{_n(y + 4)}">{esc(r.note)}</text>')
+    out.append(
+        f'<text x="{left + pw / 2:.0f}" y="{bottom + 26}" text-anchor="middle">{esc(xlabel)}</text>'
+    )
+    out.append("</svg>")
+    return "\n".join(out)

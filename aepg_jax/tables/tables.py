@@ -6,9 +6,13 @@
 For every cell of the experiment's tables (the paper's, or the demo's): our mean ± sample
 std over the finished runs (seeds) with their number n, the published mean ± as printed, and
 Δ = ours - paper. A cell with runs missing shows how many are done (`3/5 done`) and how many
-failed; a cell whose |Δ| > max(1, 2 x the paper's ±) is marked `(!)`. The experiment is the
-one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it; the runs shown are those
-of the `--config.*` overrides the last sweep of DIR recorded (their run folders
+failed; a cell whose |Δ| > max(1, 2 x the paper's ±) is marked `(!)`. Under a table whose rows
+differ only in their loss comes "aEPG - CE (paired)": per column, the mean over
+seeds of each row's value minus its CE row's for the same seed and settings, its 95% Student t
+interval and wins/n (the CSV's `paired_*` fields; the report's forest plot); under a table whose
+published cells were not read in the paper itself, the line naming their source. The
+experiment is the one `aepg_jax.sweep` recorded in DIR unless `--experiment` names it; the runs
+shown are those of the `--config.*` overrides the last sweep of DIR recorded (their run folders
 `<run>+<field>=<value>`), unless `--config.*` flags are given here (or `--no_overrides`, the
 experiment's own configs); a DIR whose sweeps ran several override sets names them in a
 `note:` line. The runs shown are those the sweeps of DIR selected with these overrides
@@ -51,9 +55,10 @@ import numpy as np
 
 from aepg_jax import experiments
 from aepg_jax.continual import metrics
-from aepg_jax.experiments import Column, Experiment, Published, Row, Table, layout, registry
+from aepg_jax.experiments import Column, Experiment, Published, Row, Run, Table, layout, registry
 from aepg_jax.runs import identity
 from aepg_jax.system import cli
+from aepg_jax.tables import paired
 
 FORMATS = ("markdown", "latex", "csv")
 MARK = "(!)"
@@ -71,6 +76,8 @@ class Cell:
     published: Published | None
     other: int = 0  # finished runs of another config than the experiment's: left out
     scores: int = 0  # finished runs whose figure is null: scores, not probabilities
+    runs: tuple[Run, ...] = ()  # the run of each value, in `values`' order
+    selected: tuple[Run, ...] = ()  # every run of the cell that the view selects
 
     @property
     def n(self) -> int:
@@ -166,7 +173,7 @@ def cell(
     where = {**row.where, **col.where}
     runs = [r for r in experiment.select(where) if view.selects(r)]
     values, failed, other, scores = [], 0, 0, 0
-    missing = []
+    missing, valued = [], []
     for run in runs:
         changed = _changed(run, view.overrides)
         results = layout.run_results(root, run, changed)
@@ -184,6 +191,7 @@ def cell(
         problem = damage(root, run, results, col.metric, changed) if value is None else None
         if value is not None:
             values.append(value)
+            valued.append(run)
         elif results is not None and metrics.note_of(results, col.metric):
             scores += 1
         elif problem is not None:
@@ -199,7 +207,10 @@ def cell(
         tally.read += len(values) + scores
         if missing:
             tally.missing[(table.title, row.label, col.label)] = missing
-    return Cell(tuple(values), len(runs), failed, table.published(row, col), other, scores)
+    return Cell(
+        tuple(values), len(runs), failed, table.published(row, col), other, scores,
+        tuple(valued), tuple(runs),
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -396,6 +407,67 @@ def latex(table: Table, cells: list[list[Cell]]) -> str:
     return "\n".join(lines)
 
 
+def paired_rows(table: Table, cells: list[list[Cell]]) -> list[paired.PairedRow]:
+    """Every row of `table` that differs from a CE row only in its loss, paired with it seed by
+    seed in every column (`paired.compare`); a pair whose cells select no run is left out."""
+    out = []
+    for j, i in paired.row_pairs(table):
+        columns = tuple(
+            paired.compare(
+                list(zip(b.runs, b.values, strict=True)),
+                list(zip(o.runs, o.values, strict=True)),
+                (b.selected, o.selected),
+                col.metric,
+            )
+            for col, b, o in zip(table.columns, cells[j], cells[i], strict=True)
+        )
+        label = paired.pair_label(table.rows[j].label, table.rows[i].label)
+        if any(p.expected for p in columns):
+            out.append(paired.PairedRow(j, i, label, columns))
+    return out
+
+
+def source_text(table: Table, fmt: str) -> str:
+    """The line naming where the table's published cells were read (`Table.source`)."""
+    if not table.source:
+        return ""
+    return (
+        f"Published cells: {table.source}"
+        if fmt == "markdown"
+        else f"% Published cells: {table.source}"
+    )
+
+
+def paired_markdown(table: Table, rows: Sequence[paired.PairedRow]) -> str:
+    """The paired block under a table: one line per pair, one column per table column."""
+    if not rows:
+        return ""
+    head = ["", *(c.label for c in table.columns)]
+    lines = [f"#### {paired.title(table)}: {table.title}", "", "| " + " | ".join(head) + " |"]
+    lines.append("|---" + "|---:" * (len(head) - 1) + "|")
+    lines += ["| " + " | ".join([r.label, *(p.text() for p in r.columns)]) + " |" for r in rows]
+    return "\n".join([*lines, "", paired.LEGEND])
+
+
+def paired_latex(table: Table, rows: Sequence[paired.PairedRow]) -> str:
+    if not rows:
+        return ""
+    n = len(table.columns)
+    lines = [
+        f"% {paired.title(table)}: {table.title}",
+        "% " + paired.LEGEND,
+        r"\begin{tabular}{l" + "r" * n + "}",
+        r"\toprule",
+        " & ".join(["", *(c.latex or _tex(c.label) for c in table.columns)]) + r" \\",
+        r"\midrule",
+    ]
+    lines += [
+        " & ".join([_tex(r.label), *(p.text().replace("—", "--") for p in r.columns)]) + r" \\"
+        for r in rows
+    ]
+    return "\n".join([*lines, r"\bottomrule", r"\end{tabular}"])
+
+
 CSV_FIELDS = (
     "table",
     "row",
@@ -411,21 +483,43 @@ CSV_FIELDS = (
     "diff",
     "flagged",
     "note",
+    # The row minus its CE row, paired by seed (`paired_rows`), on the non-CE row.
+    "paired_vs",
+    "paired_n",
+    "paired_expected",
+    "paired_mean",
+    "paired_lo",
+    "paired_hi",
+    "paired_wins",
 )
 
 
 def csv_rows(table: Table, cells: list[list[Cell]]) -> list[dict]:
     out = []
-    for row, row_cells in zip(table.rows, cells, strict=True):
-        for col, c in zip(table.columns, row_cells, strict=True):
+    pairs = {r.row: r for r in paired_rows(table, cells)}
+    for i, (row, row_cells) in enumerate(zip(table.rows, cells, strict=True)):
+        for k, (col, c) in enumerate(zip(table.columns, row_cells, strict=True)):
             p = c.published
-            out.append(dict(
+            out.append(_paired_fields(table, pairs.get(i), k))
+            out[-1].update(dict(
                 table=table.title, row=row.label, column=col.label, metric=col.metric, n=c.n,
                 expected=c.expected, failed=c.failed, mean=c.mean, std=c.std,
                 paper_mean=p.mean if p else None, paper_pm=p.pm if p else None, diff=c.diff,
                 flagged=int(c.flagged), note=metrics.SCORES if c.scores and not c.n else "",
             ))  # fmt: skip
     return out
+
+
+def _paired_fields(table: Table, row: paired.PairedRow | None, k: int) -> dict:
+    """The paired_* CSV fields of column `k` of `row` (empty where the row has no CE row)."""
+    if row is None:
+        return {}
+    p = row.columns[k]
+    lo, hi = p.interval or (None, None)
+    return dict(
+        paired_vs=table.rows[row.base].label, paired_n=p.n, paired_expected=p.expected,
+        paired_mean=p.mean, paired_lo=lo, paired_hi=hi, paired_wins=p.wins if p.n else None,
+    )  # fmt: skip
 
 
 def render(
@@ -455,10 +549,16 @@ def render(
         for table, cells in blocks:
             writer.writerows(csv_rows(table, cells))
         return buffer.getvalue()
-    fn = markdown if fmt == "markdown" else latex
+    fn, fn_paired = (markdown, paired_markdown) if fmt == "markdown" else (latex, paired_latex)
     selection = view.selection(root) if view else ""
     head = [(f"Shown: {selection}." if fmt == "markdown" else f"% Shown: {selection}.")]
-    return "\n\n".join(head * bool(selection) + [fn(t, c) for t, c in blocks]) + "\n"
+    texts = [
+        text
+        for t, c in blocks
+        for text in (fn(t, c), source_text(t, fmt), fn_paired(t, paired_rows(t, c)))
+        if text
+    ]
+    return "\n\n".join(head * bool(selection) + texts) + "\n"
 
 
 def report_runs(root: str, experiment: Experiment, view: View) -> list:
@@ -502,6 +602,7 @@ def report_page(
     blocks = []
     for part, part_tables, _ in experiment.sections():
         for table in part_tables:
+            raw = grid(root, part, table, warnings, view, tally)
             cells = [
                 [
                     report.CellText(
@@ -511,9 +612,9 @@ def report_page(
                     )
                     for c in row
                 ]
-                for row in grid(root, part, table, warnings, view, tally)
+                for row in raw
             ]  # fmt: skip
-            blocks.append(report.Block(part, table, cells))
+            blocks.append(report.Block(part, table, cells, paired_rows(table, raw)))
     if tally.summary():
         warnings.add(tally.summary())
     shown = view.selection(root)
