@@ -350,8 +350,10 @@ class RanPAC(Method):
     ) -> Params:
         """Draws W after task 0, adds the task's h to G and Q, picks lam, solves W_o."""
         state = dict(state)
-        if self.m > 0 and task.index == 0:
-            state["w_rand"] = draw_projection(jax.random.fold_in(ctx.key, 0), self.width, self.m)
+        if self.m > 0 and task.index == 0:  # the same draw on every process, via the host:
+            # a process-local jax.Array put on a multi-process mesh makes a malformed array
+            w_rand = draw_projection(jax.random.fold_in(ctx.key, 0), self.width, self.m)
+            state["w_rand"] = np.asarray(w_rand)
         state = prototypes.placed_like(state, trainable)  # w_rand drawn here is placed too
         feats, labels = self.task_features(ctx, trainable)
         # Shuffled on the host: a jitted permutation compiles once per task size.
@@ -365,7 +367,9 @@ class RanPAC(Method):
 
     def update(self, state: Params, feats: np.ndarray, labels: np.ndarray, chunk: int) -> Params:
         """The statistics and readout after one task whose features (N, D) and labels are in
-        the order that splits them: rows `[0, floor(0.8 N))` fit, the rest validate."""
+        the order that splits them: rows `[0, floor(0.8 N))` fit, the rest validate. The leaves
+        made on the host come back as NumPy arrays (`end_task` places them on the run's mesh:
+        a process-local jax.Array put on a multi-process mesh makes a malformed array)."""
         chex.assert_rank(feats, 2)
         n = len(labels)
         n_fit = int(n * FIT_FRACTION)
@@ -387,7 +391,7 @@ class RanPAC(Method):
         if seen + n < self.dim:  # fewer rows than L: the dual readout, float64
             rows = slice(0, seen + n)
             readout = dual_readout(kept_f[rows], kept_y[rows], w_host, num_classes, ridge)
-            readout = jnp.asarray(readout, jnp.float32)
+            readout = readout.astype(np.float32)
         else:
             readout = self._program("solve", ridge_solve)(gram, sums, jnp.float32(ridge))
         return {
@@ -395,10 +399,10 @@ class RanPAC(Method):
             "gram": gram,
             "sums": sums,
             "readout": readout,
-            "ridge": jnp.asarray(ridge, jnp.float32),
-            "kept_features": jnp.asarray(kept_f),
-            "kept_labels": jnp.asarray(kept_y),
-            "rows": jnp.asarray(seen + n, jnp.int32),
+            "ridge": np.asarray(ridge, np.float32),
+            "kept_features": kept_f,
+            "kept_labels": kept_y,
+            "rows": np.asarray(seen + n, np.int32),
         }
 
     def host_programs(
