@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import pathlib
 
 import jax
@@ -79,3 +80,36 @@ def test_default_config_compiles_as_often_with_5_tasks_as_with_2(tmp_path, monke
 )
 def test_method_test_configs_compile_as_often_with_5_tasks_as_with_2(tmp_path, overrides):
     _same_count(tiny_config, tmp_path, **overrides)
+
+
+@pytest.mark.slow  # ten tasks of EASE, 19 steps each: ~2 min on 2 cores
+def test_ease_trains_tasks_of_different_epoch_lengths_with_one_train_program(tmp_path):
+    """EASE's per-epoch cosine annealing (its reference's schedule) over 10 one-class tasks of
+    139-146 images, 17 or 18 batches of 8 per epoch: one train program for all of them, and
+    each task's learning rate steps down at its own epoch boundary (the position is traced)."""
+    overrides = {
+        "method.name": "ease",
+        "data.num_tasks": 10,
+        "optim.batch_size": 8,
+        "optim.optimizer": "sgd",
+        "optim.lr_schedule": "cosine_annealing",
+        "optim.peft_freeze_epochs": 0,
+        "max_steps_per_task": 19,
+        "log_every_steps": 1,
+    }
+    jax.clear_caches()
+    cfg = tiny_config(tmp_path / "cache", **overrides)
+    results = trainer.run(cfg, str(tmp_path / "run"))
+    assert results["compilations"]["programs"]["jit(step)"]["count"] == 1
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        train = [r for r in map(json.loads, f) if r["type"] == "train"]
+    lr, epochs = cfg.optim.learning_rate, cfg.optim.epochs
+    for r in train:  # `epoch`: the host's (step - 1) // steps_per_epoch of the record's task
+        expected = lr * 0.5 * (1.0 + math.cos(math.pi * min(r["epoch"], epochs - 1) / epochs))
+        assert r["lr"] == pytest.approx(expected, rel=1e-6), r
+    # Epoch 1 starts after 17 steps in some tasks and after 18 in others: records 18 and 19.
+    crossings = {
+        t: min(r["task_step"] for r in train if r["task"] == t and r["epoch"] == 1)
+        for t in range(10)
+    }
+    assert set(crossings.values()) == {18, 19}, crossings

@@ -35,6 +35,8 @@ def _method(m):
     return ranpac.RanPAC(cfg)
 
 
+# M = 24 < 40 fit rows: the primal search and the device solve (the dual ones: the test below,
+# and tests/test_official_ranpac.py's M = 128 over 48 rows a task).
 @pytest.mark.parametrize("m", [pytest.param(0, marks=pytest.mark.slow), 24])
 def test_update_equals_the_official_formulas_for_any_chunking(m):
     rng = np.random.default_rng(0)
@@ -58,6 +60,36 @@ def test_update_equals_the_official_formulas_for_any_chunking(m):
     # Another task adds to G and Q: two tasks equal one of their concatenation.
     second = method.update(out[0], feats[::-1], y[::-1], 7)
     np.testing.assert_allclose(second["gram"], 2 * h.T @ h, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("n, m", [(30, 200), (60, 20)])  # dual (24 fit rows < M), primal
+def test_ridge_search_and_dual_readout_equal_float64_solves(n, m):
+    """The 17 candidates' errors from one eigendecomposition equal those of 17 float64 linear
+    solves of `G_fit + lam I` (also at M >> N, where G_fit has rank 24), and the dual readout
+    equals the primal solve."""
+    rng = np.random.default_rng(1)
+    num_classes, width = 5, 6
+    y = rng.integers(0, 4, n).astype(np.int32)
+    feats = (rng.normal(0, 1, (num_classes, width))[y] + rng.normal(0, 1, (n, width))).astype(
+        np.float32
+    )
+    w_rand = rng.normal(0, 1, (width, m)).astype(np.float32)
+    h, onehot = ranpac.project_rows(feats, w_rand), np.eye(num_classes)[y]
+    n_fit = int(0.8 * n)
+    g, q = h[:n_fit].T @ h[:n_fit], h[:n_fit].T @ onehot[:n_fit]
+    expected = []
+    for lam in ranpac.RIDGES:
+        pred = h[n_fit:] @ np.linalg.solve(g + lam * np.eye(m), q)
+        expected.append(np.sum((pred - onehot[n_fit:]) ** 2))
+    fit, val = (feats[:n_fit], y[:n_fit]), (feats[n_fit:], y[n_fit:])
+    errors = ranpac.ridge_errors(fit, val, w_rand, num_classes, chunk=7)
+    # 1e-5: float64 LU itself is off by ~2e-6 at lam = 1e-8 on the rank-24 G_fit (M = 200).
+    np.testing.assert_allclose(errors, expected, rtol=1e-5)
+    assert ranpac.choose_ridge(errors) == ranpac.choose_ridge(np.asarray(expected))
+    if n < m:
+        primal = np.linalg.solve(h.T @ h + 1e-3 * np.eye(m), h.T @ onehot).T
+        dual = ranpac.dual_readout(feats, y, w_rand, num_classes, 1e-3)
+        np.testing.assert_allclose(dual, primal, rtol=0, atol=1e-6 * np.abs(primal).max())
 
 
 def test_first_session_logits_are_a_scaled_cosine_and_the_check_names_the_field():

@@ -197,7 +197,7 @@ def test_train_step_runs_in_the_domain_scenario(tmp_path, method):
     cfg = domain_config(tmp_path, method, **{"optim.peft_freeze_epochs": 0})  # one branch
     run = setup.build(cfg, str(tmp_path / "run"))
     assert run.num_tasks == 4 and run.head_sizes == (10,)
-    step = jax.jit(programs.train_step_fn(run, programs.static_key(run, 0)))
+    step = jax.jit(programs.train_step_fn(run))
     state = None
     for t in (0, 1):
         state = trainer.begin_task(run, t, state)

@@ -45,7 +45,6 @@ from aepg_jax.continual.programs import (
     largest_task,
     plan_task,
     scanned_program,
-    static_key,
     task_args,
     task_spec,
     train_batches,
@@ -214,7 +213,7 @@ def _scanned_train_program(
         jax.ShapeDtypeStruct((k, *seeds, cfg.optim.batch_size), jnp.int32),
         *task_args(run, t),
     )
-    compiled = scanned_program(run, programs, static_key(run, largest), k).compile(*args)
+    compiled = scanned_program(run, programs, k).compile(*args)
     resident = n * (int(np.prod(images.shape[1:])) * images.dtype.itemsize + 4)
     name = f"the train program scanning task {largest + 1}'s {n} examples"
     return name, Program(compiled, "optim.batch_size", cfg.optim.batch_size, resident)
@@ -253,9 +252,7 @@ def check_programs(run: Run, programs: Programs, t: int, state: TrainState) -> N
     elif trained:
         first = trained[0]
         batch = next(train_batches(run, first, epoch=0))
-        compiled = programs.train[static_key(run, first)].compile(
-            state, run.frozen, batch, *task_args(run, first)
-        )
+        compiled = programs.train.compile(state, run.frozen, batch, *task_args(run, first))
         checked["the train step"] = Program(compiled, "optim.batch_size", cfg.optim.batch_size)
     one = run.axis.unstack(state.trainable)[0], run.axis.unstack(state.method_state)[0]
     hosted = run.method.host_programs(*one, run.frozen_of(0), eval_batch, t)

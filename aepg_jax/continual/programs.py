@@ -67,13 +67,15 @@ def task_spec(run: Run, t: int) -> methods.TaskSpec:
     """Task `t` as its compiled step and the method hooks see it (Python ints; traced inside
     the programs, which serve every task)."""
     task = run.data.tasks.tasks[t]
+    plan = plan_task(run.cfg, task)
     return methods.TaskSpec(
         index=t,
         offset=task.offset,
         num_classes=task.num_classes,
-        freeze_steps=plan_task(run.cfg, task).freeze_steps,
+        freeze_steps=plan.freeze_steps,
         head_sizes=run.head_sizes,
         scenario=run.data.tasks.scenario,
+        steps_per_epoch=plan.steps_per_epoch,
     )
 
 
@@ -130,17 +132,11 @@ def trained_from(run: Run, t: int) -> list[int]:
 # The programs: built once per run (`build_programs`), each compiled once for every task.
 
 
-def static_key(run: Run, t: int) -> int | None:
-    """What of task `t` stays a Python constant in its step: the steps per epoch of a per-epoch
-    learning-rate decay (None: a constant learning rate, one program for every task)."""
-    if run.cfg.optim.lr_schedule == "constant":
-        return None
-    return plan_task(run.cfg, run.data.tasks.tasks[t]).steps_per_epoch
-
-
-def train_step_fn(run: Run, key: int | None, phase: bool | None = None) -> Callable:
-    """`step(state, frozen, batch, task, total_steps) -> (state, metrics)` of the tasks whose
-    `static_key` is `key`, vmapped over seeds, not jitted (`steps.make_train_step`).
+def train_step_fn(run: Run, phase: bool | None = None) -> Callable:
+    """`step(state, frozen, batch, task, total_steps) -> (state, metrics)` of every task,
+    vmapped over seeds, not jitted (`steps.make_train_step`). The optimizer is built inside the
+    step from the traced `task.steps_per_epoch`: a per-epoch learning-rate decay reads its
+    position from the task, so tasks of different sizes share one program.
 
     `phase` True / False fixes the PEFT-training flag (`aepg_jax.plan` costs each phase of a
     task alone); None (training) reads it from the task step."""
@@ -149,23 +145,24 @@ def train_step_fn(run: Run, key: int | None, phase: bool | None = None) -> Calla
     labels = partition.label_params(one_seed)
     has_peft = bool(jax.tree.leaves(partition.split(labels, labels, (partition.PEFT,))[0]))
     hyper = schema.schedule_kwargs(cfg)
-    step_fn = steps.make_train_step(
-        run.method,
-        run.net,
-        run.loss_fn,
-        run.annealed,
-        lambda total: schedules.get_schedule(cfg.schedule.name, total, **hyper),
-        steps.optimizer(cfg, one_seed, key or 1, run.method.lr_scales),
-        labels,
-        has_peft and cfg.optim.peft_freeze_epochs > 0,
-        run.step_cfg,
-        steps.learning_rate(cfg, key or 1),
-        run.method.lr_scales,
-    )
-    lifted = run.axis.lift(step_fn, (0, run.frozen_axis, 0, None, None, None))
     vmapped = run.axis.vmapped
 
     def step(state, frozen, batch, task, total_steps):
+        per_epoch = task.steps_per_epoch  # traced: the schedule's position, not a shape
+        step_fn = steps.make_train_step(
+            run.method,
+            run.net,
+            run.loss_fn,
+            run.annealed,
+            lambda total: schedules.get_schedule(cfg.schedule.name, total, **hyper),
+            steps.optimizer(cfg, one_seed, per_epoch, run.method.lr_scales),
+            labels,
+            has_peft and cfg.optim.peft_freeze_epochs > 0,
+            run.step_cfg,
+            steps.learning_rate(cfg, per_epoch),
+            run.method.lr_scales,
+        )
+        lifted = run.axis.lift(step_fn, (0, run.frozen_axis, 0, None, None, None))
         # Every seed is at the same task step: one unbatched phase flag for all of them.
         train_peft = state.task_step[0] >= task.freeze_steps if vmapped else None
         if phase is not None:
@@ -205,36 +202,34 @@ def eval_step_fn(run: Run) -> Callable:
 @dataclasses.dataclass(frozen=True)
 class Programs:
     """The run's programs, each compiled once (`compiles.Once`), at its first use: the fit
-    check's (`check_fit`, which reads the executables' memory analysis) or training's. `steps`
-    and `train` are keyed by `static_key` (one entry for a constant learning rate, one per
-    distinct epoch length otherwise); `scanned` by (`static_key`, steps per call), made at
-    first use (`scanned_program`): the task's data is padded to the largest task's, so its size
-    is no key."""
+    check's (`fit.check_programs`, which reads the executables' memory analysis) or training's.
+    One train step serves every task (its size and epoch length are traced arguments);
+    `scanned` is keyed by the steps per call, made at first use (`scanned_program`): the task's
+    data is padded to the largest task's, so its size is no key."""
 
-    steps: dict[int | None, Callable]  # the train step, not jitted (`aepg_jax.plan` lowers it)
-    train: dict[int | None, compiles.Once]  # the step, the state donated
-    scanned: dict[tuple[int | None, int], compiles.Once]  # multi_step, the state donated
+    step: Callable  # the train step, not jitted (`aepg_jax.plan` lowers it)
+    train: compiles.Once  # the step, the state donated
+    scanned: dict[int, compiles.Once]  # multi_step of k steps per call, the state donated
     evaluate: compiles.Once  # eval_step
 
 
 def build_programs(run: Run) -> Programs:
     """Every program of the run, none compiled yet."""
-    keys = sorted({static_key(run, t) for t in range(run.num_tasks)}, key=lambda k: k or 0)
-    step_fns = {k: train_step_fn(run, k) for k in keys}
+    step = train_step_fn(run)
     return Programs(
-        steps=step_fns,
-        train={k: compiles.Once(s, donate_argnums=(0,)) for k, s in step_fns.items()},
+        step=step,
+        train=compiles.Once(step, donate_argnums=(0,)),
         scanned={},
         evaluate=compiles.Once(eval_step_fn(run)),
     )
 
 
-def scanned_program(run: Run, programs: Programs, key: int | None, k: int) -> compiles.Once:
-    """The scanned train program of `k` steps per call for the tasks of `static_key` `key`."""
-    if (key, k) not in programs.scanned:
-        multi_step = scanned_steps_fn(run, programs.steps[key])
-        programs.scanned[key, k] = compiles.Once(multi_step, donate_argnums=(0,))
-    return programs.scanned[key, k]
+def scanned_program(run: Run, programs: Programs, k: int) -> compiles.Once:
+    """The scanned train program of `k` steps per call."""
+    if k not in programs.scanned:
+        multi_step = scanned_steps_fn(run, programs.step)
+        programs.scanned[k] = compiles.Once(multi_step, donate_argnums=(0,))
+    return programs.scanned[k]
 
 
 def largest_task(run: Run) -> int:
@@ -248,7 +243,7 @@ def largest_task(run: Run) -> int:
 def run_step_fn(run: Run, t: int, phase: bool | None = None) -> Callable:
     """`run_step(state, frozen, batch) -> (state, metrics)`: task `t`'s step with its task
     arguments bound, not jitted (for `aepg_jax.plan`, which lowers it per phase)."""
-    step, (task, total) = train_step_fn(run, static_key(run, t), phase), task_args(run, t)
+    step, (task, total) = train_step_fn(run, phase), task_args(run, t)
 
     def run_step(state, frozen, batch):  # named: the plan's HLO dumps are found by it
         return step(state, frozen, batch, task, total)

@@ -5,8 +5,8 @@ trainer (`trainer.py`) lifts them over the seed axis and jits each once per run.
 State is explicit: `TrainState` (trainable PEFT + heads, optimizer state, the method's state,
 the task step, the RNG, the first non-finite step) goes in and out of the step; the frozen
 backbone is a separate, non-differentiated argument. One compilation per run: the model has every
-task's head from the start and the task (index, class offset and count, freeze steps, schedule
-length) is a traced argument, so the same program trains every task.
+task's head from the start and the task (index, class offset and count, freeze steps, steps per
+epoch, schedule length) is a traced argument, so the same program trains every task.
 
 A train step, for a uint8 batch `(image, label)`:
   1. `x = train_augment(fold_in(rng, global_step), image)` on the device;
@@ -240,9 +240,11 @@ def make_eval_step(method: Method, net: Network, cfg: StepConfig) -> Callable[..
     return eval_step
 
 
-def learning_rate(cfg, steps_per_epoch: int) -> float | optax.Schedule:
+def learning_rate(cfg, steps_per_epoch: int | jax.Array) -> float | optax.Schedule:
     """`optim.learning_rate`, constant or decayed per epoch: `cosine_epochs` as CODA-P's and
     InfLoRA's code (below), `cosine_annealing` as torch's `CosineAnnealingLR` (`cosine_annealing`).
+    `steps_per_epoch` may be traced (the train step passes its task's: one program for tasks of
+    any size).
 
     With `lr(k) = lr * cos(99 pi k / (200 (E - 1)))`, epoch `e = count // steps_per_epoch` of
     E trains at `lr(max(e - 1, 0))`: the reference's `CosineSchedule` sets lr(0) in its
@@ -266,7 +268,7 @@ def learning_rate(cfg, steps_per_epoch: int) -> float | optax.Schedule:
     return schedule
 
 
-def cosine_annealing(lr: float, epochs: int, steps_per_epoch: int) -> optax.Schedule:
+def cosine_annealing(lr: float, epochs: int, steps_per_epoch: int | jax.Array) -> optax.Schedule:
     """torch's `CosineAnnealingLR(T_max=epochs, eta_min=0)` stepped once per epoch (APER's,
     RanPAC's and EASE's code): epoch `e` trains at `lr (1 + cos(pi e / E)) / 2`."""
 
@@ -278,7 +280,7 @@ def cosine_annealing(lr: float, epochs: int, steps_per_epoch: int) -> optax.Sche
 
 
 def multistep(
-    lr: float, milestones: tuple[int, ...], decay: float, steps_per_epoch: int
+    lr: float, milestones: tuple[int, ...], decay: float, steps_per_epoch: int | jax.Array
 ) -> optax.Schedule:
     """torch's `MultiStepLR(milestones, gamma=decay)` stepped once per epoch (SLCA's code):
     epoch `e` trains at `lr decay^|{m in milestones: m <= e}|`."""
@@ -317,7 +319,10 @@ def applied_rates(
 
 
 def optimizer(
-    cfg, trainable: Params, steps_per_epoch: int = 1, lr_scales: dict[str, float] | None = None
+    cfg,
+    trainable: Params,
+    steps_per_epoch: int | jax.Array = 1,
+    lr_scales: dict[str, float] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Adam, or SGD with momentum (`optim.optimizer`), on the PEFT and head leaves; PEFT
     updates gated by the phase flag. `optim.weight_decay > 0` adds `wd * param` to each gradient

@@ -58,7 +58,6 @@ from aepg_jax.continual.programs import (
     largest_task,
     plan_task,
     scanned_program,
-    static_key,
     task_args,
     task_context,
     task_spec,
@@ -203,7 +202,6 @@ def _scanned_chunks(
     labels[:n] = run.data.tasks.train_labels[task_data.train_indices]
     images, labels = jax.device_put((images, labels), run.replicated)
     task, total = task_args(run, t)
-    key = static_key(run, t)
     while step < plan.total_steps:
         epoch = step // plan.steps_per_epoch
         within = step - epoch * plan.steps_per_epoch
@@ -221,7 +219,7 @@ def _scanned_chunks(
         )  # (k, S, B)
         if not run.axis.vmapped:
             rows = rows[:, 0]
-        scanned = scanned_program(run, programs, key, k)
+        scanned = scanned_program(run, programs, k)
         state, ms = scanned(
             state, run.frozen, images, labels, jnp.asarray(rows, jnp.int32), task, total
         )
@@ -327,11 +325,10 @@ def train_task(
     plan = plan_task(cfg, run.data.tasks.tasks[t])
     if plan.total_steps == 0:  # a task the method does not train: no bar, nothing compiled
         return state
-    key = static_key(run, t)
     if cfg.optim.steps_per_call > 1:
         stream = _scanned_chunks(run, programs, t, plan, state, start_step)
     else:
-        stream = _step_chunks(run, programs.train[key], t, plan, state, start_step)
+        stream = _step_chunks(run, programs.train, t, plan, state, start_step)
     seeds = f" x {len(run.axis.seeds)} seeds" if run.axis.vmapped else ""
     bar = progress.bar(
         plan.total_steps,

@@ -70,6 +70,9 @@ class TaskSpec:
     # class: each task brings new classes, one head each | domain: every task has every class
     # (offset 0, one head), docs/algorithm.md §17
     scenario: str = flax.struct.field(pytree_node=False, default="class")
+    # The task's optimizer steps per epoch: where a per-epoch learning-rate decay stands
+    # (`epoch = step // steps_per_epoch`), an argument of the one train program, not a shape.
+    steps_per_epoch: Any = 1
 
     @property
     def stop(self) -> Any:

@@ -15,15 +15,27 @@ drawn once after task 0, h = ReLU(f W) (M = `method.ranpac_m`; M = 0: h = f, no 
     W_o = ((G + lam I)^-1 Q)^T    (C, M)       prediction: argmax_c (h W_o^T)_c (seen classes)
 lam is chosen per task from {10^-8, ..., 10^8} on the task's own features: the task's images
 in a random order (the seed's key; the reference's shuffled loader), the first floor(0.8 N)
-fit `(G_fit + lam I)^-1 Q_fit`, the rest score it by the mean squared error of `h W_o^T`
-against the one-hot labels (over every class of the run); the smallest error wins (the first
-on ties, numpy's argmin).
+fit `(G_fit + lam I)^-1 Q_fit`, the rest score it by the squared error of `h W_o^T` against the
+one-hot labels (over every class of the run); the smallest error wins (the first on ties,
+numpy's argmin).
 
-Everything is float32, as the reference computes it (`torch.zeros`/`torch.randn` defaults,
-`RanPAC.py` L254-260), with float32 matmuls at full precision: no float64 program, one
-compilation per program for the run. Memory: G is M^2 floats (M = 10000: 400 MB per seed,
-checkpointed with the method state), W is D M, Q and W_o are M C; the ridge selection holds
-17 candidate W_o (17 M C) and two more (M, M) matrices on the device while it runs.
+How the ridge is solved is this module's choice; the answers are the exact ones. All 17
+candidates come from one symmetric eigendecomposition, in float64 on the host (where float32
+rounding picks another lam at M >> N):
+    dual, n_fit < L (L = M, or D without a projection): the kernel K = H H^T (n_fit, n_fit)
+        = U diag(s) U^T, and  h W(lam)^T = (h H^T U) diag(1 / (s + lam)) U^T Y
+    primal, otherwise: G_fit = V diag(s) V^T (L, L), and  h W(lam)^T = (h V) diag(1/(s+lam)) V^T Q
+(the same W: `H^T (H H^T + lam I)^-1 = (H^T H + lam I)^-1 H^T`). The readout with the chosen lam
+is the dual `W_o^T = H^T (H H^T + lam I)^-1 Y` over every row seen while the run has seen
+fewer than L rows (the state keeps their features, at most L of them), and the float32 linear
+solve of `G + lam I` on the device (the reference's `torch.linalg.solve`) from then on.
+
+G and Q are float32 device arrays, as the reference keeps them (`torch.zeros` defaults,
+`RanPAC.py` L254-260), with float32 matmuls at full precision. Memory (per seed): G is M^2
+floats (M = 10000: 400 MB, checkpointed with the method state), W and the kept features D M
+each, Q and W_o M C; the final device solve holds two more (M, M) matrices while it runs; the
+host holds the rows' projections (N x M float64) and their kernel, or, on the primal side,
+G_fit and its eigenvectors (2 L^2 float64).
 
 Domain-incremental (`data.scenario=domain`): runs, as the reference's DIL datasets do: task 0
 adapts on the first domain, G and Q accumulate over every domain's images with all classes.
@@ -34,8 +46,8 @@ reference (`inc_net.py` `CosineLinear.forward` with `use_RP`) multiplies them by
 trained in phase 1, a scale fitted to cosines, not to these outputs; its results read only the
 argmax. No calibration is reported (docs/algorithm.md §4).
 
-`method.ranpac_m` is refused before anything is built when G and its ridge solve (3 M^2 float32
-per seed) cannot fit the memory the fit check measures (`memory_problems`,
+`method.ranpac_m` is refused before anything is built when G and its device solve (3 M^2
+float32 per seed) cannot fit the memory the fit check measures (`memory_problems`,
 `continual/fit.check_config`).
 """
 
@@ -117,17 +129,61 @@ def ridge_solve(gram: jax.Array, sums: prototypes.ClassSums, ridge: jax.Array) -
     return jnp.linalg.solve(gram + ridge * eye, sums.sums.T).T
 
 
-def candidate_readouts(gram_fit: jax.Array, sums_fit: prototypes.ClassSums) -> jax.Array:
-    """W_o for every lambda of `RIDGES` (R, C, M), one solve at a time (lax.map)."""
-    ridges = jnp.asarray(RIDGES, jnp.float32)
-    return jax.lax.map(lambda r: ridge_solve(gram_fit, sums_fit, r), ridges)
+# -- the ridge search and the dual readout: float64 on the host -------------------------------
 
 
-def squared_errors(readouts: jax.Array, h: jax.Array, labels: jax.Array, weight: jax.Array):
-    """`sum_i w_i ||h_i W_o^T - y_i||^2` (R,) for each candidate W_o (R, C, M)."""
-    y = jax.nn.one_hot(labels, readouts.shape[1], dtype=jnp.float32)
-    pred = jnp.einsum("bm,rcm->rbc", h, readouts, precision=_HI)
-    return jnp.sum(weight.astype(jnp.float32)[None, :, None] * (pred - y[None]) ** 2, axis=(1, 2))
+def project_rows(feats: np.ndarray, w_rand: np.ndarray | None) -> np.ndarray:
+    """h = ReLU(f W) (N, M) in float64 on the host, or f itself without a projection."""
+    f = np.asarray(feats, np.float64)
+    return f if w_rand is None else np.maximum(f @ np.asarray(w_rand, np.float64), 0.0)
+
+
+def one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    return np.eye(num_classes, dtype=np.float64)[np.asarray(labels)]
+
+
+def ridge_errors(
+    fit: tuple[np.ndarray, np.ndarray],
+    val: tuple[np.ndarray, np.ndarray],
+    w_rand: np.ndarray | None,
+    num_classes: int,
+    chunk: int,
+) -> np.ndarray:
+    """`sum_val ||h W(lam)^T - y||^2` (R,) for each lam of `RIDGES`, W(lam)^T = (G_fit + lam I)^-1
+    Q_fit over the `fit` (features, labels) rows, scored on the `val` rows, in float64, from one
+    eigendecomposition: every candidate's predictions are `A diag(1 / (s + lam)) B` with
+        dual (n_fit < L):  H H^T = U diag(s) U^T,  A = h_val H^T U,  B = U^T Y   (n_fit^2 L)
+        primal:            H^T H = V diag(s) V^T,  A = h_val V,      B = V^T Q   (n_fit L^2)
+    plus the eigendecomposition, ~9 n_fit^3 or ~9 L^3 flops. s is clipped at 0 (G is PSD)."""
+    (f_fit, y_fit), (f_val, y_val) = fit, val
+    dim = f_fit.shape[1] if w_rand is None else w_rand.shape[1]
+    if len(y_fit) < dim:
+        h = project_rows(f_fit, w_rand)
+        s, u = np.linalg.eigh(h @ h.T)
+        a = (project_rows(f_val, w_rand) @ h.T) @ u
+        b = u.T @ one_hot(y_fit, num_classes)
+    else:  # chunk by chunk: H_fit (n_fit, L) is never whole on the host
+        gram, q = np.zeros((dim, dim)), np.zeros((dim, num_classes))
+        for start in range(0, len(y_fit), chunk):
+            h = project_rows(f_fit[start : start + chunk], w_rand)
+            gram += h.T @ h
+            q += h.T @ one_hot(y_fit[start : start + chunk], num_classes)
+        s, v = np.linalg.eigh(gram)
+        a, b = project_rows(f_val, w_rand) @ v, v.T @ q
+    s = np.maximum(s, 0.0)
+    y = one_hot(y_val, num_classes)
+    return np.asarray([np.sum(((a / (s + lam)) @ b - y) ** 2) for lam in RIDGES])
+
+
+def dual_readout(
+    feats: np.ndarray, labels: np.ndarray, w_rand: np.ndarray | None, num_classes: int, ridge
+) -> np.ndarray:
+    """W_o = (H^T (H H^T + lam I)^-1 Y)^T (C, L) over the rows (N < L) in float64: the primal
+    `((G + lam I)^-1 Q)^T` for G = H^T H, Q = H^T Y, at N^2 L + 2/3 N^3 flops, not 2/3 L^3."""
+    h = project_rows(feats, w_rand)
+    kernel = h @ h.T
+    kernel[np.diag_indices_from(kernel)] += ridge
+    return (h.T @ np.linalg.solve(kernel, one_hot(labels, num_classes))).T
 
 
 def choose_ridge(errors: np.ndarray) -> float:
@@ -166,9 +222,10 @@ class RanPAC(Method):
     def memory_problems(
         cls, cfg: ml_collections.ConfigDict, left: int, where: str, seeds: int
     ) -> list[str]:
-        """`method.ranpac_m` = M whose Gram matrix and ridge solve cannot fit: G, the solve's
-        `G_fit + lam I` and its factor are 3 M^2 float32 at once, the projection W D M more,
-        per seed (a lower bound: the statistics over classes come on top)."""
+        """`method.ranpac_m` = M whose Gram matrix and ridge solve cannot fit: G, the device
+        solve's `G + lam I` and its factor are 3 M^2 float32 at once, the projection W and the
+        kept features 2 D M more, per seed (a lower bound: the statistics over classes come on
+        top)."""
         if cfg.method.name != cls.name:
             return []
         m = cfg.method.ranpac_m
@@ -177,12 +234,12 @@ class RanPAC(Method):
         width = int(cfg.model.hidden_size)
 
         def need(k: int) -> int:
-            return seeds * 4 * (3 * k * k + width * k)
+            return seeds * 4 * (3 * k * k + 2 * width * k)
 
         if need(m) <= left:
             return []
-        # The largest M with need(M) <= left: the positive root of 12 s M^2 + 4 s D M = left.
-        a, b = 12.0 * seeds, 4.0 * seeds * width
+        # The largest M with need(M) <= left: the positive root of 12 s M^2 + 8 s D M = left.
+        a, b = 12.0 * seeds, 8.0 * seeds * width
         fits = int((-b + (b * b + 4 * a * left) ** 0.5) / (2 * a))
         fits = fits // 1000 * 1000 if fits >= 1000 else fits
         return [
@@ -204,6 +261,10 @@ class RanPAC(Method):
             "sums": prototypes.ClassSums.zeros(num_classes, self.dim),  # Q^T and counts
             "readout": jnp.zeros((num_classes, self.dim), jnp.float32),
             "ridge": jnp.zeros((), jnp.float32),
+            # The features of the first L rows seen (the dual readout's), and how many rows.
+            "kept_features": jnp.zeros((self.dim, self.width), jnp.float32),
+            "kept_labels": jnp.zeros((self.dim,), jnp.int32),
+            "rows": jnp.zeros((), jnp.int32),
         }
         if self.m > 0:
             state["w_rand"] = jnp.zeros((self.width, self.m), jnp.float32)
@@ -287,93 +348,98 @@ class RanPAC(Method):
     ) -> Params:
         """Draws W after task 0, adds the task's h to G and Q, picks lam, solves W_o."""
         state = dict(state)
-        if self.m > 0 and task.index == 0:
-            state["w_rand"] = draw_projection(jax.random.fold_in(ctx.key, 0), self.width, self.m)
+        if self.m > 0 and task.index == 0:  # the same draw on every process, via the host:
+            # a process-local jax.Array put on a multi-process mesh makes a malformed array
+            w_rand = draw_projection(jax.random.fold_in(ctx.key, 0), self.width, self.m)
+            state["w_rand"] = np.asarray(w_rand)
         state = prototypes.placed_like(state, trainable)  # w_rand drawn here is placed too
         feats, labels = self.task_features(ctx, trainable)
         # Shuffled on the host: a jitted permutation compiles once per task size.
         seed = np.asarray(jax.random.key_data(jax.random.fold_in(ctx.key, 1)))
         order = np.random.default_rng(seed).permutation(len(labels))
         chunk = max(int(self.cfg.eval.batch_size), 1)
-        return self.update(state, feats[order], labels[order], chunk)
+        # The host-made leaves (readout, kept rows) replicated on the run's mesh like the rest.
+        return prototypes.placed_like(
+            self.update(state, feats[order], labels[order], chunk), trainable
+        )
 
     def update(self, state: Params, feats: np.ndarray, labels: np.ndarray, chunk: int) -> Params:
         """The statistics and readout after one task whose features (N, D) and labels are in
-        the order that splits them: rows `[0, floor(0.8 N))` fit, the rest validate."""
+        the order that splits them: rows `[0, floor(0.8 N))` fit, the rest validate. The leaves
+        made on the host come back as NumPy arrays (`end_task` places them on the run's mesh:
+        a process-local jax.Array put on a multi-process mesh makes a malformed array)."""
         chex.assert_rank(feats, 2)
         n = len(labels)
         n_fit = int(n * FIT_FRACTION)
         w_rand = state.get("w_rand")
-        zeros = jnp.zeros_like(state["gram"]), jax.tree.map(jnp.zeros_like, state["sums"])
         acc = self._program("accumulate", _accumulate)
-        sse = self._program("errors", _errors)
-        gram, sums, g_fit, q_fit = state["gram"], state["sums"], *zeros
-        for start, f, y, w in _chunks(feats, labels, chunk):
-            fit = ((start + np.arange(len(y))) < n_fit) & (w > 0)
-            gram, sums, g_fit, q_fit = acc(gram, sums, g_fit, q_fit, w_rand, f, y, w, fit)
-        readouts = self._program("candidates", candidate_readouts)(g_fit, q_fit)
-        errors = np.zeros(len(RIDGES))
-        for start, f, y, w in _chunks(feats, labels, chunk):
-            val = ((start + np.arange(len(y))) >= n_fit) & (w > 0)
-            errors += np.asarray(sse(readouts, w_rand, f, y, val), np.float64)
-        ridge = choose_ridge(errors)
-        readout = self._program("solve", ridge_solve)(gram, sums, jnp.float32(ridge))
+        gram, sums = state["gram"], state["sums"]
+        for f, y, w in _chunks(feats, labels, chunk):
+            gram, sums = acc(gram, sums, w_rand, f, y, w)
+        host = hosts.gather(
+            {k: state[k] for k in ("w_rand", "kept_features", "kept_labels", "rows") if k in state}
+        )
+        w_host, num_classes = host.get("w_rand"), int(sums.counts.shape[0])
+        fit, val = (feats[:n_fit], labels[:n_fit]), (feats[n_fit:], labels[n_fit:])
+        ridge = choose_ridge(ridge_errors(fit, val, w_host, num_classes, chunk))
+        seen = int(host["rows"])
+        kept_f, kept_y = np.array(host["kept_features"]), np.array(host["kept_labels"])
+        if seen + n <= self.dim:  # the rows still fit: keep them
+            kept_f[seen : seen + n], kept_y[seen : seen + n] = feats, labels
+        if seen + n < self.dim:  # fewer rows than L: the dual readout, float64
+            rows = slice(0, seen + n)
+            readout = dual_readout(kept_f[rows], kept_y[rows], w_host, num_classes, ridge)
+            readout = readout.astype(np.float32)
+        else:
+            readout = self._program("solve", ridge_solve)(gram, sums, jnp.float32(ridge))
         return {
             **state,
             "gram": gram,
             "sums": sums,
             "readout": readout,
-            "ridge": jnp.asarray(ridge, jnp.float32),
+            "ridge": np.asarray(ridge, np.float32),
+            "kept_features": kept_f,
+            "kept_labels": kept_y,
+            "rows": np.asarray(seen + n, np.int32),
         }
 
     def host_programs(
         self, trainable: Params, state: Params, frozen: Params, batch, task: int
     ) -> dict[str, tuple[Callable, tuple, int]]:
-        """The features pass, the G/Q accumulation and the validation errors (once per batch of
-        the task's training images), the 17 candidate solves and the final solve (once per task;
-        `passes` counts per batch, so the plan over-counts their calls by the task's number of
-        batches; XLA's cost analysis does not count the LU solves' FLOPs: ~18 x 2/3 M^3 a task)."""
+        """The features pass and the G/Q accumulation (once per batch of the task's training
+        images) and the final device solve (once per task, once the run has seen L rows;
+        `passes` counts per batch, so the plan over-counts its calls by the task's number of
+        batches; XLA's cost analysis does not count the LU solve's FLOPs: 2/3 M^3 a task). The
+        ridge search and the dual readout run in float64 NumPy on the host, not listed."""
         b = batch["image"].shape[0]
         f = jnp.zeros((b, self.width), jnp.float32)
         y = jnp.zeros((b,), jnp.int32)
         w = jnp.ones((b,), jnp.float32)
-        fit = jnp.ones((b,), bool)
         w_rand = state.get("w_rand")
         g, q = state["gram"], state["sums"]
-        cands = jnp.zeros((len(RIDGES), *state["readout"].shape), jnp.float32)
-        w_rand, g, q, cands = prototypes.placed_like((w_rand, g, q, cands), trainable)
+        w_rand, g, q = prototypes.placed_like((w_rand, g, q), trainable)
         p = self._program
         images = batch["image"]
         return {
             "features": (p("features", self._batch_features), (trainable, frozen, images), 1),
-            "accumulate": (p("accumulate", _accumulate), (g, q, g, q, w_rand, f, y, w, fit), 1),
-            "errors": (p("errors", _errors), (cands, w_rand, f, y, fit), 1),
-            "candidates": (p("candidates", candidate_readouts), (g, q), 1),
+            "accumulate": (p("accumulate", _accumulate), (g, q, w_rand, f, y, w), 1),
             "solve": (p("solve", ridge_solve), (g, q, jnp.float32(1.0)), 1),
         }
 
 
-def _accumulate(gram, sums, g_fit, q_fit, w_rand, f, y, w, fit):
-    """One chunk into the run's G, Q (every row) and the task's fit part (rows `fit`)."""
+def _accumulate(gram, sums, w_rand, f, y, w):
+    """One chunk of features (B, D) into the run's G and Q (rows of weight w > 0)."""
     h = project(f, w_rand)
-    fit_w = w * fit.astype(jnp.float32)
-    gram, sums = gram_update(gram, h, w), sums.add(h, y, w > 0)
-    g_fit, q_fit = gram_update(g_fit, h, fit_w), q_fit.add(h, y, fit_w > 0)
-    return gram, sums, g_fit, q_fit
-
-
-def _errors(readouts, w_rand, f, y, w):
-    return squared_errors(readouts, project(f, w_rand), y, w)
+    return gram_update(gram, h, w), sums.add(h, y, w > 0)
 
 
 def _chunks(feats: np.ndarray, labels: np.ndarray, size: int):
-    """`(start, features (size, D), labels (size,), weight (size,))`, zero-padded to `size`."""
+    """`(features (size, D), labels (size,), weight (size,))`, zero-padded to `size`."""
     for start in range(0, len(labels), size):
         f, y = feats[start : start + size], labels[start : start + size]
         pad = size - len(y)
         w = np.concatenate([np.ones(len(y), np.float32), np.zeros(pad, np.float32)])
         yield (
-            start,
             np.pad(f, ((0, pad), (0, 0))),
             np.pad(y, (0, pad)),
             w,
