@@ -20,26 +20,15 @@ With no argument it is configs/default.py's config with `method.head_init` given
       --workdir=runs/claims/l2p
 """
 
-import importlib.util
-import pathlib
-
 from aepg_jax import methods
 from aepg_jax.config import arguments
-
-
-def _default_config():
-    path = pathlib.Path(__file__).with_name("default.py")
-    spec = importlib.util.spec_from_file_location("configs_default", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def get_config(arg=None):
     a = arguments.parse_arg(
         arg, method="lae", loss="aepg", seed=0, head_init=methods.OFFICIAL_HEAD_INIT
     )
-    c = _default_config()
+    c = arguments.sibling_config(__file__, "default.py")
     c.seed = a.seed
     c.method.name = a.method
     c.method.head_init = a.head_init

@@ -23,24 +23,13 @@ One of them:
       --workdir=runs/demo/lae
 """
 
-import importlib.util
-import pathlib
-
 from aepg_jax import methods
 from aepg_jax.config import arguments
 
 
-def _default_config():
-    path = pathlib.Path(__file__).with_name("default.py")
-    spec = importlib.util.spec_from_file_location("configs_default", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
-
 def get_config(arg=None):
     a = arguments.parse_arg(arg, method="lae", loss="aepg", seed=0)
-    c = _default_config()
+    c = arguments.sibling_config(__file__, "default.py")
     c.seed = a.seed
     c.method.name = a.method
     c.loss.name = a.loss

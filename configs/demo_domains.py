@@ -16,21 +16,11 @@ Arguments (`configs/demo_domains.py:key=value,...`, defaults in brackets):
 The run prints the accuracy matrix: a[i, j], domain i's test accuracy after learning domain j.
 """
 
-import importlib.util
-import pathlib
-
-
-def _demo_config(arg):
-    """configs/demo.py's config for `arg` (the same arguments: method, loss, seed)."""
-    path = pathlib.Path(__file__).with_name("demo.py")
-    spec = importlib.util.spec_from_file_location("configs_demo", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+from aepg_jax.config import arguments
 
 
 def get_config(arg=None):
-    c = _demo_config(arg)
+    c = arguments.sibling_config(__file__, "demo.py", arg)
     c.data.source = "digits_domains"
     c.data.scenario = "domain"
     c.data.num_tasks = 4  # one task per domain

@@ -15,6 +15,8 @@ fields. `configs/README.md` maps the paper's tables and figures onto them.
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +27,16 @@ from aepg_jax.checkpoints import catalog
 from aepg_jax.config import schema
 
 _TRUE, _FALSE = ("true", "1"), ("false", "0")
+
+
+def sibling_config(config_file: str, name: str, arg: str | None = None):
+    """`get_config(arg)` of the config file `name` in the folder of `config_file` (a config
+    built on another: configs/demo.py on configs/default.py)."""
+    path = pathlib.Path(config_file).with_name(name)
+    spec = importlib.util.spec_from_file_location(f"configs_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config() if arg is None else module.get_config(arg)
 
 
 def _parse_bool(text: str) -> bool:
