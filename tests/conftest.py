@@ -54,3 +54,10 @@ def pytest_handlecrashitem(crashitem, report, sched):
     print(f"\nworker died while running {crashitem}: running it once more", file=sys.stderr)
     sched.mark_test_pending(crashitem)
     report.outcome = "rerun"
+
+
+def pytest_report_teststatus(report):
+    """A test rerun after its worker died shows as `R`, not as a failure."""
+    if report.outcome == "rerun":
+        return "rerun", "R", "RERUN"
+    return None
