@@ -27,13 +27,19 @@ def local_slurm():
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """Marks the tests of `ci_budget.SLOW_IN_CI` slow; an id there that names no test of a
-    collected file is an error."""
+    """Marks the tests of `ci_budget.SLOW_IN_CI` slow; an id there whose test function is not
+    in its collected file is an error."""
     from ci_budget import SLOW_IN_CI
 
-    collected = {item.nodeid for item in items}
-    files = {nodeid.split("::")[0] for nodeid in collected}
-    stale = [i for i in SLOW_IN_CI if i.split("::")[0] in files and i not in collected]
+    modules = {item.nodeid.split("::")[0]: getattr(item, "module", None) for item in items}
+    stale = []
+    for nodeid in SLOW_IN_CI:
+        path, *names = nodeid.split("[")[0].split("::")
+        found = modules.get(path)
+        for name in names if found is not None else ():
+            found = getattr(found, name, None)
+        if path in modules and found is None:
+            stale.append(nodeid)
     if stale:
         raise pytest.UsageError(f"tests/ci_budget.py names no such test: {stale}")
     for item in items:
