@@ -2,8 +2,8 @@
 tests marked `slow` in their own files: each takes 8 s or more on the project's 2-core CPU-only
 machine, and together they would take CI's suite past its 10 minutes. The figure is each test's
 duration in seconds within the whole suite (`pytest -m "not slow" -n 2 --durations=0`, two
-workers, 2026-11-28). They run with the other slow tests (`-m slow`); an id here that names no
-test of a collected file stops the collection.
+workers, 2026-11-28). They run with the other slow tests (`-m slow`); an id here whose test
+function is not in its file stops the collection.
 """
 
 # ruff: noqa: E501 (test ids are as long as their names)
