@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 
 from absl import app, flags
 
@@ -116,7 +117,12 @@ def parse_flags(
     own help flag exits 1, which reads as a failure to scripts and CI)."""
     help_flags = [a for a in argv[1:] if a in HELP_FLAGS]
     if help_flags:
-        app.usage(shorthelp=help_flags[0] != "--helpfull", writeto_stdout=True, exitcode=0)
+        app.usage(shorthelp=help_flags[0] != "--helpfull", writeto_stdout=True)
+        print(
+            "\nConfig fields (--config.<field>=value) [default] and meaning (the from-scratch "
+            f"trainer's: python -m pydoc aepg_jax.scratch.config):\n{schema.describe()}"
+        )
+        sys.exit(0)
     try:
         rest = flag_values(argv)
         cfg = config_flag.value
