@@ -2,7 +2,7 @@
 and BENCHMARKS.md resolves (file and `#anchor`), every docs page is linked from the README, the
 README fits on two screens and opens with its two commands; every `algorithm.md §N` reference
 names a section of docs/algorithm.md, nothing cites the unpublished SPEC, and code and docs
-carry no issue numbers (history is CHANGELOG.md's)."""
+carry no issue numbers (history is git's)."""
 
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ REFERENCE_ROOTS = ("aepg_jax", "docs", "configs", "README.md", "scripts", "bench
 HISTORY_ROOTS = ("aepg_jax", "docs", "scripts", "benchmarks")
 # What a user reads and runs names no tracker's issues and no development machine's folders.
 USER_ROOTS = (
-    "README.md", "BENCHMARKS.md", "CHANGELOG.md", "docs", "benchmarks", "configs", "scripts",
+    "README.md", "BENCHMARKS.md", "docs", "benchmarks", "configs", "scripts",
 )  # fmt: skip
 TRACKER_NUMBER = re.compile(r"\bissues? #?\d+|(?<![\w&/])#\d+\b|\(issue\b", re.I)
 MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|root|home)/")
@@ -212,7 +212,7 @@ def test_no_file_cites_the_unpublished_spec():
 
 
 def test_no_file_carries_issue_numbers():
-    """Code and docs say what is; history with its issue numbers is CHANGELOG.md's."""
+    """Code and docs say what is; history is git's."""
     bad = [
         f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
         for p in text_files(*HISTORY_ROOTS)
@@ -223,7 +223,7 @@ def test_no_file_carries_issue_numbers():
 
 
 def test_what_users_read_names_no_tracker_issue_and_no_machine_path():
-    """README, BENCHMARKS, CHANGELOG, docs, benchmarks, configs and scripts speak of the project:
+    """README, BENCHMARKS, docs, benchmarks, configs and scripts speak of the project:
     no issue numbers of a tracker users cannot see, no folders of a development machine (a
     benchmark's output directory is an argument with a relative default)."""
     bad = [
