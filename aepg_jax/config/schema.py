@@ -140,23 +140,27 @@ def _shown(value: Any) -> str:
 
 
 def describe(markdown: bool = False) -> str:
-    """Every field with its default and meaning (`FIELDS`), then the model's and each method's
-    own fields with their defaults and where they are described: plain text, or a table."""
+    """Every field with its default and meaning (`FIELDS`) and the model's fields with their
+    defaults; the plain text (`--help`) also each method's own, the table points to them."""
     base = base_config()
     rows = [(name, _shown(default), meaning) for name, default, meaning in FIELDS]
-    model = [k for k in base.model if f"model.{k}" not in {n for n, _, _ in FIELDS}]
-    shown = ", ".join(f"{k}={base.model[k]!r}" for k in model if k != "peft")
+    named = {name for name, _, _ in FIELDS}
+    shown = ", ".join(
+        f"{k}={v!r}" for k, v in base.model.items() if k != "peft" and f"model.{k}" not in named
+    )
     peft = ", ".join(f"{k}={v!r}" for k, v in base.model.peft.items())
     rows.append(("model.*", "vit_b16's", f"{shown}; peft: {peft} (models/vit.py)"))
+    if markdown:
+        own = "each method's own fields: its module's `defaults` (`--help` lists them)"
+        rows.append(("method.*", "", own))
+        cells = [[cell.replace("|", "\\|") for cell in row] for row in rows]
+        table = [f"| `{n}` | {d} | {m} |" for n, d, m in cells]
+        return "\n".join(["| field | default | meaning |", "|---|---|---|", *table])
     for name, method in methods.REGISTRY.items():
         if method.defaults:
             own = ", ".join(f"{k}={v!r}" for k, v in method.defaults.items())
             module = method.__module__.replace(".", "/").removeprefix("aepg_jax/")
             rows.append((f"method.* ({name})", "", f"{own} ({module}.py)"))
-    if markdown:
-        cells = [[cell.replace("|", "\\|") for cell in row] for row in rows]
-        table = [f"| `{n}` | {d} | {m} |" for n, d, m in cells]
-        return "\n".join(["| field | default | meaning |", "|---|---|---|", *table])
     return "\n".join(f"  {n} [{d}]  {m}" if d else f"  {n}  {m}" for n, d, m in rows)
 
 
