@@ -20,11 +20,9 @@ from aepg_jax import losses, methods, schedules
 from aepg_jax.config import input_files, validation
 from aepg_jax.models import head, vit
 
-_STR, _INT, _FLOAT = (config_dict.placeholder(t) for t in (str, int, float))  # unset: None
-
-# (field, default, meaning) of every field `base_config` sets; model.* beyond model.preset,
-# model.init, model.checkpoint and model.weights are the preset's (`vit.model_config`), and
-# method.<field> each method's own (its module's `defaults`).
+# (field, default, meaning) of every field `base_config` sets; a type as the default: unset
+# (None), of that type. The other model.* fields are the preset's (`vit.model_config`), the
+# other method.* fields each method's own (its module's `defaults`).
 FIELDS: tuple[tuple[str, Any, str], ...] = (
     ("trainer", "continual", "continual (this schema) | scratch (train from scratch: "
      "scratch/config.py)"),
@@ -34,10 +32,10 @@ FIELDS: tuple[tuple[str, Any, str], ...] = (
      "<workdir>/seed_<s>/, mean +- std in results_seeds.json"),
     ("data.source", "digits", "digits | digits_domains | fashion_mnist | folder | tfds "
      "(data/datasets.py)"),
-    ("data.name", _STR, "TFDS name, or a label for a folder dataset's cache"),
-    ("data.data_dir", _STR, "TFDS data dir, image-folder root, or Fashion-MNIST IDX dir"),
+    ("data.name", str, "TFDS name, or a label for a folder dataset's cache"),
+    ("data.data_dir", str, "TFDS data dir, image-folder root, or Fashion-MNIST IDX dir"),
     ("data.split_seed", 0, "stratified 80/20 train/test split of digits and plain folders"),
-    ("data.split_file", _STR, "source=folder: JSON train/test lists of <class>/<file> paths "
+    ("data.split_file", str, "source=folder: JSON train/test lists of <class>/<file> paths "
      "fixing the split and its order (ImageNet-R: what `python -m aepg_jax.prepare` writes)"),
     ("data.cache_dir", "~/.cache/aepg_jax", "where decoded uint8 caches live"),
     ("data.store_size", 256, "cache resolution (side of the stored square images)"),
@@ -46,7 +44,7 @@ FIELDS: tuple[tuple[str, Any, str], ...] = (
      "the dataset's number of domains"),
     ("data.scenario", "class", "class: each task new classes (docs/algorithm.md §4) | domain: "
      "task t = domain t, all classes, one head (§17; InfLoRA refused)"),
-    ("data.class_order_seed", _INT, "None: identity class order; int: a permutation from it"),
+    ("data.class_order_seed", int, "None: identity class order; int: a permutation from it"),
     ("data.class_order_rng", "default", "default (np.random.default_rng) | numpy_legacy "
      "(np.random.seed; permutation: PyCIL's and PILOT's, seed 1993)"),
     ("data.label_noise", 0.0, "symmetric within-task label noise rate on training labels"),
@@ -59,14 +57,14 @@ FIELDS: tuple[tuple[str, Any, str], ...] = (
     ("model.preset", "vit_b16", "the preset the model fields came from (informational)"),
     ("model.init", "random", "random | augreg (load model.checkpoint) | pretrained "
      "(pretrain.*)"),
-    ("model.checkpoint", _STR, "pretrained weights: an augreg .npz, a timm .safetensors file "
+    ("model.checkpoint", str, "pretrained weights: an augreg .npz, a timm .safetensors file "
      "or hf-hub:<repo> from the local Hugging Face cache (docs/data.md); keys and shapes "
      "checked at validation"),
-    ("model.weights", _STR, "a published backbone by name (checkpoints/catalog.py WEIGHTS), "
+    ("model.weights", str, "a published backbone by name (checkpoints/catalog.py WEIGHTS), "
      "never downloaded; results.json records its name and sha256"),
     ("pretrain.dataset", "fashion_mnist", "source pretraining a small backbone "
      "(model.init=pretrained)"),
-    ("pretrain.data_dir", _STR, "the pretraining source's data_dir"),
+    ("pretrain.data_dir", str, "the pretraining source's data_dir"),
     ("pretrain.epochs", 2, "pretraining epochs"),
     ("pretrain.batch_size", 128, "pretraining batch"),
     ("pretrain.learning_rate", 1e-3, "pretraining learning rate"),
@@ -79,7 +77,7 @@ FIELDS: tuple[tuple[str, Any, str], ...] = (
      "confidence_penalty | entropy_penalty (losses.py)"),
     ("loss.gamma", 1.0, "focal's gamma"),
     ("loss.smoothing", 0.05, "label_smoothing's rate"),
-    ("loss.beta", _FLOAT, "the penalty losses' weight (None: the loss's default)"),
+    ("loss.beta", float, "the penalty losses' weight (None: the loss's default)"),
     ("loss.alpha", 0.5, "mix's weight"),
     ("schedule.name", "sigmoid", "sigmoid | linear | cosine | constant: alpha_t of aepg"),
     ("schedule.tau", 6.0, "the sigmoid's temperature"),
@@ -115,7 +113,7 @@ FIELDS: tuple[tuple[str, Any, str], ...] = (
     ("checkpoint_every_minutes", 30.0, "also a checkpoint inside a task after this much wall "
      "time (0: off; signals checkpoint at once: docs/running.md)"),
     ("tensorboard", True, "also write TensorBoard event files in the workdir"),
-    ("max_steps_per_task", _INT, "cap on steps per task (smoke tests)"),
+    ("max_steps_per_task", int, "cap on steps per task (smoke tests)"),
     ("distributed", False, "call jax.distributed.initialize() (multi-host)"),
     ("compile_cache", "~/.cache/aepg_jax/xla", "JAX's persistent compilation cache (\"\": "
      "off; AEPG_COMPILE_CACHE overrides it; docs/performance.md)"),
@@ -129,14 +127,15 @@ def base_config(preset: str = "vit_b16") -> ml_collections.ConfigDict:
         section, _, leaf = name.rpartition(".")
         if section and section not in c:
             c[section] = vit.model_config(preset) if section == "model" else {}
-        (c[section] if section else c)[leaf] = default
+        value = config_dict.placeholder(default) if isinstance(default, type) else default
+        (c[section] if section else c)[leaf] = value
     c.model.preset = preset
     c.method.update(methods.defaults())
     return c
 
 
 def _shown(value: Any) -> str:
-    return "None" if isinstance(value, config_dict.FieldReference) else repr(value)
+    return "None" if isinstance(value, type) else repr(value)
 
 
 def describe(markdown: bool = False) -> str:
