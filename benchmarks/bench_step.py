@@ -48,8 +48,7 @@ most (its OpenMP threads stall when a core is taken).
 
 torch and timm are optional (not project dependencies); without them the script prints the
 install commands and exits with status 2 (`--jax-only` needs neither). The steps and timing are
-`step_harness.py`'s (ours) and `torch_step.py`'s (the reference), shared with
-`bench_breakdown.py` and `bench_vit_compute.py`.
+`step_harness.py`'s (ours) and `torch_step.py`'s (the reference).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The minimal JAX ViT LoRA train step that `bench_breakdown.py` measures ours against.
+"""The minimal JAX ViT LoRA train step that `bench_plan.py` plans beside ours.
 
 A hand-written Flax ViT of a preset's sizes (separate q/k/v/out `nn.Dense` layers,
 tanh-approximate GELU, LoRA on two of q/k/v of chosen blocks, a Dense head), float32 images

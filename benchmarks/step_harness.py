@@ -1,10 +1,9 @@
-"""The one harness behind the ViT train-step benchmarks (`bench_step.py`, `bench_breakdown.py`,
-`bench_vit_compute.py`; the minimal step is `minimal_step.py`, the PyTorch/timm step
+"""The harness of the ViT train-step benchmark `bench_step.py` (the PyTorch/timm step:
 `torch_step.py`).
 
 * `our_step(...)`: our real jitted train step (`continual.steps.make_train_step`) built
   as the task loop builds it, compiled, on a fixed uint8 batch copied to the device each step;
-  options switch pieces off or add what a later task has (`bench_breakdown.py`'s rows).
+  options switch pieces off or add what a later task has.
 * Timing: `time_steps` (wall seconds per step), `timed` (wall, page faults, system CPU per
   step, `getrusage`), `measure` (median of those after a warm-up call), `ForeignLoad` (other
   processes' CPU share while timing).

@@ -1,5 +1,5 @@
-"""The eager PyTorch/timm reference train step that `bench_step.py` (and `bench_breakdown.py`'s
-`timm` row) time ours against; see `bench_step.py`'s docstring for what it computes.
+"""The eager PyTorch/timm reference train step that `bench_step.py` times ours
+against; see `bench_step.py`'s docstring for what it computes.
 
 torch and timm are optional (not project dependencies): `load_torch_and_timm()` prints the
 install commands and exits with status 2 without them.

@@ -1,6 +1,5 @@
 """The package's shape (docs/architecture.md): no import circles, a short top level, the six
-commands' `--help`, no code outside data/ naming a data source, and files of the flat layout
-(`from aepg_jax import config_lib`) refused in one line naming the last version that reads them."""
+commands' `--help` and no code outside data/ naming a data source."""
 
 from __future__ import annotations
 
@@ -172,76 +171,6 @@ def test_the_continual_trainer_is_the_loop_and_reads_in_one_module():
         for name in _module_dicts_keyed_by_id(ast.parse(path.read_text()))
     ]
     assert not keyed_by_id, keyed_by_id
-
-
-OLD_IMPORTS = {
-    "from aepg_jax import config_lib": "config_lib",
-    "import aepg_jax.config_args": "config_args",
-    "from aepg_jax.paper import EXPERIMENTS": "paper",
-    "import aepg_jax\nX = aepg_jax.sweep_layout": "sweep_layout",
-}
-
-
-def test_the_flat_layouts_names_are_gone():
-    import aepg_jax
-
-    with pytest.raises(ImportError):
-        from aepg_jax import config_lib  # noqa: F401
-    assert not hasattr(aepg_jax, "paper")
-
-
-@pytest.mark.parametrize("source", OLD_IMPORTS)
-def test_a_file_of_the_flat_layout_is_refused_in_one_line(tmp_path, monkeypatch, source):
-    """A config file of aepg_jax <= commit 67ddf42 (`from aepg_jax import config_lib`): one
-    line naming the module that holds the name now and the commit that still reads it."""
-    from aepg_jax.config import command_line, schema
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "configs").mkdir()
-    (tmp_path / "configs" / "old.py").write_text(
-        f"{source}\n\ndef get_config(arg=None):\n    pass\n"
-    )
-    with pytest.raises((ImportError, AttributeError)) as err:
-        schema.from_file("configs/old.py")
-    name = OLD_IMPORTS[source]
-    line = command_line.describe(["main", "--config=configs/old.py"], err.value)
-    assert line == (
-        f"configs/old.py imports aepg_jax.{name}, a module name of aepg_jax <= commit 67ddf42; "
-        f"use {command_line.OLD_NAMES[name]} (the module that holds it now, "
-        "docs/architecture.md) or check out that version (git checkout 67ddf42)."
-    )
-    # An error that is no old name is left to the other descriptions.
-    assert command_line.old_name_refusal(ImportError("No module named 'torch'"), "x.py") is None
-    assert (
-        command_line.old_name_refusal(ImportError("No module named 'aepg_jax.nope'"), "x") is None
-    )
-
-
-def test_main_and_sweep_refuse_a_file_of_the_flat_layout(tmp_path):
-    old = tmp_path / "old_config.py"
-    old.write_text(
-        "from aepg_jax import config_lib\n\n"
-        "def get_config(arg=None):\n"
-        "    return config_lib.base_config()\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-m", "aepg_jax.main", f"--config={old}", f"--workdir={tmp_path}/w"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
-        f"error: {old} imports aepg_jax.config_lib, a module name of aepg_jax <= commit "
-        "67ddf42; use aepg_jax.config.schema (the module that holds it now, "
-        "docs/architecture.md) or check out that version (git checkout 67ddf42)."
-    ]
-    from aepg_jax.experiments import registry
-
-    experiment = tmp_path / "old_experiment.py"
-    experiment.write_text("from aepg_jax import paper\n\nEXPERIMENT = paper.EXPERIMENTS[0]\n")
-    with pytest.raises(ValueError, match=r"imports aepg_jax\.paper, .* <= commit 67ddf42; "):
-        registry.get(str(experiment))
 
 
 def _source_branches(path: pathlib.Path) -> int:

@@ -145,3 +145,23 @@ def test_a_shared_error_is_printed_by_process_0_alone(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         cli.fail("this process's own error")  # not shared: every process says its own
     assert capsys.readouterr().err.splitlines() == ["error: this process's own error"]
+
+
+def test_help_lists_every_config_field_with_its_default(capsys):
+    """`--help` exits 0 and prints every field of `schema.FIELDS` with its default, the model's
+    fields and each method's own."""
+    from aepg_jax import methods
+    from aepg_jax.config import schema
+
+    fv = flags.FlagValues()
+    config = config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
+    with pytest.raises(SystemExit) as exit_info:
+        command_line.parse_flags(["main", "--help"], config, fv)
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "  data.num_tasks [5]  " in shown and "  loss.beta [None]  " in shown
+    for name, _, meaning in schema.FIELDS:
+        assert f"  {name} [" in shown and meaning in shown, name
+    assert "lora_rank=4" in shown  # model.peft's defaults
+    for method in methods.REGISTRY.values():
+        assert all(f"{field}=" in shown for field in method.defaults), method.name

@@ -426,3 +426,23 @@ def test_table4_runs_reach_their_fields():
 def test_cifar_scratch_rejects_other_datasets():
     with pytest.raises(ValueError, match=r"dataset='mnist': use one of cifar10, cifar100"):
         build("cifar_scratch.py", "dataset=mnist")
+
+
+def test_every_field_is_described_once_beside_its_default():
+    """`schema.FIELDS` names each field of `base_config` once, but the preset's model fields and
+    the methods' own; its defaults are `base_config`'s."""
+    from aepg_jax.models import vit
+
+    def leaves(d, prefix=""):
+        for k, v in d.items():
+            yield from leaves(v, f"{prefix}{k}.") if hasattr(v, "items") else [(f"{prefix}{k}", v)]
+
+    base = dict(leaves(schema.base_config()))
+    own = {f"model.{k}" for k, _ in leaves(vit.model_config())} | {
+        f"method.{k}" for k in methods.defaults()
+    }
+    names = [name for name, _, _ in schema.FIELDS]
+    assert len(names) == len(set(names))
+    assert set(names) == set(base) - own
+    for name, default, _ in schema.FIELDS:
+        assert base[name] == (None if isinstance(default, type) else default), name

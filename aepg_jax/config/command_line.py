@@ -2,17 +2,16 @@
 
 `parse_flags(argv)` is their flags parser: a missing or broken config file, a config argument
 its `get_config(arg)` refuses, an unknown `--config.` field (the "did you mean" hint kept), an
-unknown flag (config fields named like it suggested), a value of the wrong type or a config file
-that imports a module name of the flat layout (`from aepg_jax import config_lib`: refused,
-naming the last version that reads it, `FLAT_NAMES_COMMIT`) each end the process with exit
-code 2 and one `error: ...` line on stderr (`system.cli.fail`); `--help` exits 0.
+unknown flag (config fields named like it suggested) or a value of the wrong type each end the
+process with exit code 2 and one `error: ...` line on stderr (`system.cli.fail`); `--help`
+prints the flags and every config field (`schema.describe`) and exits 0.
 """
 
 from __future__ import annotations
 
 import difflib
-import os
 import re
+import sys
 
 from absl import app, flags
 
@@ -27,73 +26,8 @@ REQUIRED = {
 }
 
 
-# The last commit of aepg_jax whose config and experiment files import the flat layout's
-# module names (`from aepg_jax import config_lib`).
+# The last commit of aepg_jax whose saved runs' config.json lack `trainer` and `tensorboard`.
 FLAT_NAMES_COMMIT = "67ddf42"
-# Each old flat module name -> the module that holds it now (for the refusal's hint only).
-OLD_NAMES = {
-    "config_lib": "aepg_jax.config.schema",
-    "config_args": "aepg_jax.config.arguments",
-    "config_checks": "aepg_jax.config.validation",
-    "input_files": "aepg_jax.config.input_files",
-    "paper": "aepg_jax.experiments.paper",
-    "sweep_layout": "aepg_jax.experiments.layout",
-    "sweep_claims": "aepg_jax.sweep.claims",
-    "sweep_configs": "aepg_jax.sweep.preflight",
-    "sweep_status": "aepg_jax.sweep.overview",
-    "table_plots": "aepg_jax.tables.plots",
-    "hosts": "aepg_jax.system.hosts",
-    "cli": "aepg_jax.system.cli",
-    "compiles": "aepg_jax.system.compiles",
-    "environment": "aepg_jax.system.environment",
-    "memory": "aepg_jax.system.memory",
-    "progress": "aepg_jax.system.progress",
-    "partition": "aepg_jax.models.partition",
-    "pretrain": "aepg_jax.pretraining.pretrain",
-}
-_OLD_NAME = re.compile(
-    r"cannot import name '(\w+)' from 'aepg_jax'"  # from aepg_jax import config_lib
-    r"|No module named 'aepg_jax\.(\w+)'"  # import aepg_jax.config_lib / from it import x
-    r"|module 'aepg_jax' has no attribute '(\w+)'"  # import aepg_jax; aepg_jax.config_lib
-)
-
-
-def _importing_file(err: BaseException) -> str | None:
-    """The file whose code raised `err` (or the error it was raised from): the innermost frame
-    outside importlib's own."""
-    while err is not None:
-        tb, found = err.__traceback__, None
-        while tb is not None:
-            if not tb.tb_frame.f_code.co_filename.startswith("<"):
-                found = tb.tb_frame.f_code.co_filename
-            tb = tb.tb_next
-        if found:
-            return found
-        err = err.__cause__ or err.__context__
-    return None
-
-
-def old_name_refusal(err: BaseException, path: str) -> str | None:
-    """The one line refusing a config or experiment file (`path`, as the user named it) that
-    imports a module name of the flat layout (aepg_jax <= commit FLAT_NAMES_COMMIT), or None when
-    `err` is no such import."""
-    chain, match = err, None
-    while chain is not None and match is None:
-        if isinstance(chain, ImportError | AttributeError):
-            match = _OLD_NAME.search(str(chain))
-        chain = chain.__cause__ or chain.__context__
-    name = match and next(g for g in match.groups() if g)
-    if name not in OLD_NAMES:
-        return None
-    file = _importing_file(err)
-    if file and not (os.path.exists(path) and os.path.samefile(file, path)):
-        relative = os.path.relpath(file)
-        path = file if relative.startswith("..") else relative
-    return (
-        f"{path} imports aepg_jax.{name}, a module name of aepg_jax <= commit "
-        f"{FLAT_NAMES_COMMIT}; use {OLD_NAMES[name]} (the module that holds it now, "
-        f"docs/architecture.md) or check out that version (git checkout {FLAT_NAMES_COMMIT})."
-    )
 
 
 def _unknown_field(argv: list[str], err: BaseException) -> str | None:
@@ -154,10 +88,6 @@ def _unknown_flag(argv: list[str], name: str) -> str:
 
 def describe(argv: list[str], err: BaseException) -> str:
     """One line for an error raised while parsing the command line."""
-    config_path = _config_arg(argv).removeprefix("--config=").partition(":")[0]
-    old_name = old_name_refusal(err, config_path)
-    if old_name:
-        return old_name
     unknown = _unknown_field(argv, err)
     if unknown:
         return unknown
@@ -187,7 +117,12 @@ def parse_flags(
     own help flag exits 1, which reads as a failure to scripts and CI)."""
     help_flags = [a for a in argv[1:] if a in HELP_FLAGS]
     if help_flags:
-        app.usage(shorthelp=help_flags[0] != "--helpfull", writeto_stdout=True, exitcode=0)
+        app.usage(shorthelp=help_flags[0] != "--helpfull", writeto_stdout=True)
+        print(
+            "\nConfig fields (--config.<field>=value) [default] and meaning (the from-scratch "
+            f"trainer's: python -m pydoc aepg_jax.scratch.config):\n{schema.describe()}"
+        )
+        sys.exit(0)
     try:
         rest = flag_values(argv)
         cfg = config_flag.value

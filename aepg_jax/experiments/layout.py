@@ -321,9 +321,7 @@ def write_sweep_file(
     root = pathlib.Path(root)
     root.mkdir(parents=True, exist_ok=True)
     before = read_json(root / SWEEP_FILE) or {}
-    # A sweep file without override sets was written by a sweep that recorded none: its runs
-    # are taken for the experiment's own.
-    known = before.get("override_sets", [[]] if before else [])
+    known = before.get("override_sets") or []
     sets = [list(s) for s in known if isinstance(s, list)]
     selections = [s for s in before.get("selections") or [] if isinstance(s, dict)]
     digests = before.get("digests") if isinstance(before.get("digests"), dict) else {}
@@ -357,8 +355,7 @@ def sweep_experiment(root: str | os.PathLike) -> str | None:
 
 
 def sweep_overrides(root: str | os.PathLike) -> tuple[list[str], list[list[str]]]:
-    """(the overrides of the latest sweep of `root`, every override set its sweeps ran); a
-    sweep file written before overrides were recorded: none."""
+    """(the overrides of the latest sweep of `root`, every override set its sweeps ran)."""
     found = read_json(pathlib.Path(root) / SWEEP_FILE) or {}
     latest = found.get("overrides") or []
     sets = found.get("override_sets") or [latest]
@@ -367,8 +364,7 @@ def sweep_overrides(root: str | os.PathLike) -> tuple[list[str], list[list[str]]
 
 def sweep_selection(root: str | os.PathLike, overrides: Sequence[str]) -> tuple[str, ...] | None:
     """The `--where` selections the sweeps of `root` ran with `overrides` (a run is shown when
-    any selects it), or None when one of them ran every run, when none ran these overrides,
-    or when the sweep file predates recorded selections."""
+    any selects it), or None when one of them ran every run or none ran these overrides."""
     found = read_json(pathlib.Path(root) / SWEEP_FILE) or {}
     wheres = [
         s.get("where")

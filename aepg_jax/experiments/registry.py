@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 
-from aepg_jax.config import command_line
 from aepg_jax.experiments import baselines, field_claims, field_methods, paper
 from aepg_jax.experiments.spec import Experiment
 
@@ -40,13 +39,7 @@ def get(name: str) -> Experiment:
             raise ValueError(f"--experiment={name}: no such file.")
         spec = importlib.util.spec_from_file_location(f"_experiment_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except (ImportError, AttributeError) as err:
-            refusal = command_line.old_name_refusal(err, name)
-            if refusal:
-                raise ValueError(refusal) from None
-            raise
+        spec.loader.exec_module(module)
         if not isinstance(getattr(module, "EXPERIMENT", None), Experiment):
             raise ValueError(
                 f"--experiment={name}: the file defines no EXPERIMENT = Experiment(...)."

@@ -4,10 +4,10 @@ XLA's CPU runtime allocates each execution's temporaries (1.8 GiB for a ViT-B/16
 train step) with `malloc` and frees them afterwards. glibc serves blocks above its mmap
 threshold (at most 32 MiB) with a fresh `mmap` and returns them with `munmap`, so every step
 faults the same memory in again, 4 KiB at a time: ~0.4M minor faults and ~1 s of system CPU
-per step on the project's 2-core machine (`benchmarks/bench_breakdown.py`). `keep_pages_mapped()`
+per step on the project's 2-core machine. `keep_pages_mapped()`
 sets, through `mallopt`: one arena, no mmap for large blocks, never trim; freed temporaries
 stay mapped and the next step reuses them. The cost: the process keeps its peak heap, and
-what compilation used stays mapped (ViT-B/16 batch-8 step, `bench_breakdown.py --rss`: peak
+what compilation used stays mapped (ViT-B/16 batch-8 step: peak
 RSS 3.2 -> 6.7 GiB; `AEPG_MALLOC=default` below opts out).
 
 Between a run's phases (after a task's training, after its evaluation) the trainers call

@@ -19,8 +19,8 @@ An entry is `<key>.xla` in the cache directory:
   line per process.
 - size: at most `max_bytes`; beyond it the entries least recently used (modified: a read
   touches its entry) are removed. Temporary files older than `STALE_TMP_S` (left by a killed
-  writer) are removed too. Files the store does not name (jax's own `*-cache` entries of
-  earlier versions, other files) are never touched.
+  writer) are removed too. Files the store does not name (jax's own `*-cache` entries,
+  other files) are never touched.
 - problems: a path that is a file or cannot be created makes `Store.open` return None (one
   line; the run compiles without the cache); a directory that cannot be written (read-only
   file system or permissions) is read, never written (one line); a write that fails (a full
