@@ -17,8 +17,8 @@ expected configs with `differences`.
 3. A field missing from a saved config (written before the field existed) compares equal at
    its current default, taken from its trainer's schema (`Schemas`: each caller hands the
    trainers' schemas in, `aepg_jax.main.SCHEMAS`, so that storage knows no trainer): a run
-   written by an earlier version resumes. A field whose default is not what
-   earlier versions did compares at that earlier value (`EARLIER_VALUES`). The heads' init
+   written by an earlier version resumes. A field whose default is not what earlier versions
+   did compares at that earlier value (`EARLIER_VALUES`). The heads' init
    compares as what the heads run (`with_head_init`): `method.head_init=official` as the
    method's official init, and a config saved before that field as what its heads ran then
    (`Method.earlier_head_init`: CODA-P's `method.coda_head_init`, the field it replaced, or
@@ -272,8 +272,7 @@ def differences(a: dict, b: dict, schemas: Schemas, *, contents: bool = True) ->
     """The fields (dotted) in which the configs `a` and `b` (JSON dicts, each with its `inputs`
     where known) give different results, sorted: every field but `NOT_IDENTITY`'s and those
     inactive in both; a field missing from one compares at its default in its trainer's schema
-    (`schemas`). With
-    `contents`, a file whose digest both record and that differs is named as
+    (`schemas`). With `contents`, a file whose digest both record and that differs is named as
     `<field> content (<digest a> != <digest b>)`."""
     fa = with_head_init(flatten({k: v for k, v in a.items() if k != INPUTS_KEY}))
     fb = with_head_init(flatten({k: v for k, v in b.items() if k != INPUTS_KEY}))
