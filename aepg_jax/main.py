@@ -60,11 +60,14 @@ USER_ERRORS = (
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
 
-# config.trainer -> (validate(cfg, num_devices), run(cfg, workdir)).
+# config.trainer -> (its config schema: `base_config(preset)`, `validate(cfg, num_devices)`;
+# run(cfg, workdir)).
 TRAINERS = {
-    "continual": (schema.validate, continual_trainer.run),
-    "scratch": (scratch_config.validate, scratch_trainer.run),
+    "continual": (schema, continual_trainer.run),
+    "scratch": (scratch_config, scratch_trainer.run),
 }
+# The trainers' schemas, as the run identity compares configs (`identity.differences`).
+SCHEMAS = {name: module.base_config for name, (module, _) in TRAINERS.items()}
 
 
 def _quiet_orbax(record: pylogging.LogRecord) -> bool:
@@ -78,7 +81,8 @@ def select_trainer(cfg):
     name = cfg.trainer
     if name not in TRAINERS:
         raise ValueError(f"trainer={name!r} is unknown; use one of {', '.join(TRAINERS)}.")
-    return TRAINERS[name]
+    module, run = TRAINERS[name]
+    return module.validate, run
 
 
 def workdir_problem(workdir: str, given: str) -> str | None:
@@ -127,7 +131,7 @@ def check_or_save_config(cfg, workdir: str) -> None:
             )
         if saved == current:
             return
-        diff = identity.differences(saved, current)
+        diff = identity.differences(saved, current, SCHEMAS)
         if diff and has_checkpoint(workdir):
             raise ValueError(
                 f"{workdir} holds a run with another config (differs in: {', '.join(diff)}); "

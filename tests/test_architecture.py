@@ -80,14 +80,16 @@ def test_the_package_has_no_import_circle():
     assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()) or [])
 
 
-# docs/architecture.md's layers, lowest first: a package imports from its own layer or below.
+# The layers, lowest first: a package imports from its own layer or below. The scores
+# (`metrics`) sit below storage (`runs`), which sits below the trainers that write it.
 LAYERS = (
     ("launch", "system"),
-    ("losses", "schedules", "transforms", "data"),
+    ("losses", "schedules", "transforms", "data", "metrics"),
     ("models", "prepare"),
     ("checkpoints", "methods"),
     ("config",),
-    ("runs", "continual", "scratch", "pretraining", "plan"),
+    ("runs",),
+    ("continual", "scratch", "pretraining", "plan"),
     ("main", "evaluate"),
     ("experiments", "sweep", "tables"),
 )
@@ -108,6 +110,36 @@ def test_packages_import_only_their_own_layer_or_below():
         if a != "aepg_jax" and b != "aepg_jax" and layer[_package(b)] > layer[_package(a)]
     )
     assert not upward, "\n".join(upward)
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_storage_and_evaluate_know_no_trainer_and_the_scores_import_nothing_above():
+    """No module of `runs/` or `evaluate/` reaches `continual/` or `scratch/` (the trainers hand
+    storage what it needs: their schemas to the run identity); the scores (`metrics`)
+    reach no module of the package."""
+    graph = _graph()
+    trainers = ("aepg_jax.continual", "aepg_jax.scratch")
+    reached = sorted(
+        f"{a} -> {b}"
+        for a in graph
+        if a.startswith(("aepg_jax.runs", "aepg_jax.evaluate"))
+        for b in _reaches(graph, a)
+        if b.startswith(trainers)
+    )
+    assert not reached, "\n".join(reached)
+    assert _reaches(graph, "aepg_jax.metrics") == set()
+    assert {"aepg_jax.metrics"} <= graph["aepg_jax.runs.predictions"]
+    assert {"aepg_jax.metrics"} <= graph["aepg_jax.evaluate.evaluate"]
 
 
 def test_the_circle_finder_finds_a_circle():

@@ -1,11 +1,11 @@
-"""Calibration (continual/metrics.py) on hand-made predictions, values worked out by hand."""
+"""Calibration (aepg_jax/metrics.py) on hand-made predictions, values worked out by hand."""
 
 import math
 
 import numpy as np
 import pytest
 
-from aepg_jax.continual import metrics
+from aepg_jax import metrics
 
 
 def test_ece_of_examples_in_separate_bins_is_their_mean_gap():

@@ -28,6 +28,7 @@ from aepg_jax.system import memory
 from aepg_jax.tables import tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCHEMAS = main.SCHEMAS  # the trainers' schemas, as `aepg_jax.main` hands them to the identity
 SAVED = sorted((ROOT / "tests" / "fixtures" / "saved_configs").glob("*.json"))
 WEIGHTS = ROOT / "tests" / "fixtures" / "timm_tiny_vit.npz"  # an augreg-layout file
 # The model of WEIGHTS (tests/fixtures/timm_tiny_vit_io.npz).
@@ -74,14 +75,34 @@ def test_only_the_running_methods_fields_and_pretrain_when_pretraining_count():
     other["method"]["ema_decay"] = 0.5  # LAE's
     other["method"]["l2p_pool_size"] = 7  # L2P's
     other["pretrain"]["epochs"] = 9  # nothing is pretrained
-    assert identity.differences(base, other) == []
+    assert identity.differences(base, other, SCHEMAS) == []
     for config in (base, other):
         config["method"]["name"] = "lae"
         config["model"]["init"] = "pretrained"
-    assert identity.differences(base, other) == ["method.ema_decay", "pretrain.epochs"]
+    assert identity.differences(base, other, SCHEMAS) == ["method.ema_decay", "pretrain.epochs"]
     assert "eval.batch_size" in identity.differences(
-        base, {**base, "eval": {"batch_size": 64}}
+        base, {**base, "eval": {"batch_size": 64}}, SCHEMAS
     )  # measured: the entropy's float sums change with the eval batch
+
+
+def test_a_missing_field_compares_at_its_own_trainers_schema_handed_in():
+    """A saved from-scratch config without `optim.milestones` (a field the continual schema
+    lacks) compares at the from-scratch schema's default; the identity knows only the schemas
+    its caller hands it."""
+    from aepg_jax.scratch import config as scratch_config
+
+    today = json.loads(scratch_config.base_config("resnet_small").to_json_best_effort())
+    older = json.loads(json.dumps(today))
+    del older["optim"]["milestones"]
+    assert identity.differences(older, today, SCHEMAS) == []
+    today["optim"]["milestones"] = [10, 20]
+    assert identity.differences(older, today, SCHEMAS) == ["optim.milestones"]
+    # Handed no from-scratch schema, a missing field has no default to compare at.
+    del today["optim"]["milestones"]
+    older["optim"]["milestones"] = [150, 225]
+    assert identity.differences(older, today, SCHEMAS) == []
+    continual_only = {"continual": SCHEMAS["continual"]}
+    assert identity.differences(older, today, continual_only) == ["optim.milestones"]
 
 
 @pytest.mark.slow  # two tiny runs (~20 s each on the 2-core CPU)
@@ -102,7 +123,7 @@ def test_the_fields_left_out_leave_results_json_unchanged(tmp_path):
         trainer.run(cfg, str(tmp_path / name))
         results.append(json.loads((tmp_path / name / "results.json").read_text()))
     a, b = (identity.with_inputs(r.pop("config")) for r in results)
-    assert identity.differences(a, b) == []
+    assert identity.differences(a, b, SCHEMAS) == []
     for r in results:  # what a run's time and machine decide
         for key in ("wall_time_s", "compilations", "environment"):
             r.pop(key)
@@ -213,7 +234,7 @@ def test_a_folder_dataset_without_a_name_is_its_listing(tmp_path):
 
     assert identity.inputs(config(one)) == identity.inputs(config(moved))
     assert identity.differences(
-        identity.with_inputs(config(one)), identity.with_inputs(config(other))
+        identity.with_inputs(config(one)), identity.with_inputs(config(other)), SCHEMAS
     ) == [
         f"data.data_dir content (listing {identity.folder_digest(str(one))[:12]} != listing "
         f"{identity.folder_digest(str(other))[:12]})"
@@ -242,7 +263,7 @@ def test_each_earlier_saved_default_config_resumes(path, tmp_path):
         with pytest.raises(ValueError, match=command_line.FLAT_NAMES_COMMIT):
             main.check_or_save_config(cfg, str(run))
         return
-    assert identity.differences(saved, _default()) == []
+    assert identity.differences(saved, _default(), SCHEMAS) == []
     main.check_or_save_config(cfg, str(run))  # resumes: no other identity
     # A value that really changed is refused, naming the field.
     changed = json.loads(json.dumps(saved))
@@ -256,9 +277,9 @@ def test_a_field_missing_from_a_saved_config_compares_at_its_schema_default():
     today = _default()
     old = json.loads(json.dumps(today))
     del old["model"]["family"], old["data"]["scenario"]
-    assert identity.differences(old, today) == []
+    assert identity.differences(old, today, SCHEMAS) == []
     today["model"]["family"] = "clip"  # not the default: a field that changes results
-    assert identity.differences(old, today) == ["model.family"]
+    assert identity.differences(old, today, SCHEMAS) == ["model.family"]
 
 
 def test_the_heads_init_compares_as_what_the_heads_run_also_in_configs_saved_before_it():
@@ -270,22 +291,23 @@ def test_the_heads_init_compares_as_what_the_heads_run_also_in_configs_saved_bef
     today["method"]["name"] = "coda_prompt"
     older = json.loads(json.dumps(today))
     del older["method"]["head_init"]
-    assert identity.differences(older, today) == ["method.head_init"]  # normal, not uniform
+    # normal, not uniform
+    assert identity.differences(older, today, SCHEMAS) == ["method.head_init"]
     with_field = json.loads(json.dumps(older))
     for saved, same in (("uniform", ("official", "uniform")), ("normal", ("normal",))):
         with_field["method"]["coda_head_init"] = saved
         for value in ("official", "normal", "uniform", "linear"):
             today["method"]["head_init"] = value
             expected = [] if value in same else ["method.head_init"]
-            assert identity.differences(with_field, today) == expected, (saved, value)
+            assert identity.differences(with_field, today, SCHEMAS) == expected, (saved, value)
     today["method"]["head_init"] = "normal"
-    assert identity.differences(older, today) == []
+    assert identity.differences(older, today, SCHEMAS) == []
     for name, earlier in (("l2p", "normal"), ("lae", "official"), ("sd_lora", "linear")):
         today["method"]["name"] = older["method"]["name"] = name
         today["method"]["head_init"] = earlier
-        assert identity.differences(older, today) == [], name
+        assert identity.differences(older, today, SCHEMAS) == [], name
         today["method"]["head_init"] = "trunc_normal"
-        assert identity.differences(older, today) == ["method.head_init"], name
+        assert identity.differences(older, today, SCHEMAS) == ["method.head_init"], name
 
 
 def test_a_run_saved_before_head_init_resumes_with_the_init_its_heads_ran(tmp_path):

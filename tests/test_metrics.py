@@ -1,4 +1,4 @@
-"""Tests of the task-incremental, transfer and old / new metrics (aepg_jax.continual.metrics,
+"""Tests of the task-incremental, transfer and old / new metrics (aepg_jax.metrics,
 results, steps.make_eval_step) on hand-made matrices and a stub method; values worked out by
 hand in the comments."""
 
@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aepg_jax.continual import metrics, steps
+from aepg_jax import metrics
 from aepg_jax.continual import results as results_lib
+from aepg_jax.continual import steps
 from aepg_jax.experiments import layout
 from aepg_jax.methods import TaskSpec
 from aepg_jax.runs import records

@@ -1,4 +1,4 @@
-"""Tests of aepg_jax.continual.metrics / results and scripts/compare_runs.py (CPU, NumPy only)."""
+"""Tests of aepg_jax.metrics, continual/results.py and scripts/compare_runs.py (CPU, NumPy only)."""
 
 import json
 import math
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aepg_jax.continual import metrics, plots
+from aepg_jax import metrics
+from aepg_jax.continual import plots
 from aepg_jax.continual import results as results_lib
 from aepg_jax.runs import records as records_lib
 

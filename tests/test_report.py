@@ -25,7 +25,7 @@ import time
 import numpy as np
 import pytest
 
-from aepg_jax.continual import metrics
+from aepg_jax import metrics
 from aepg_jax.evaluate import evaluate
 from aepg_jax.experiments import Column, Experiment, Grid, Row, Table
 from aepg_jax.runs import predictions

@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 import test_report  # the fake sweep's run folders, written as the trainer writes them
 
-from aepg_jax import methods
-from aepg_jax.continual import fit, metrics, programs, results, trainer
+from aepg_jax import methods, metrics
+from aepg_jax.continual import fit, programs, results, trainer
 from aepg_jax.data import splits
 from aepg_jax.evaluate import evaluate
 from aepg_jax.experiments import Column, Experiment, Grid, Row, Table

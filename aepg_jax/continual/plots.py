@@ -17,8 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from aepg_jax.continual import metrics
-from aepg_jax.continual.metrics import as_float_array
+from aepg_jax import metrics
+from aepg_jax.metrics import as_float_array
 from aepg_jax.runs import predictions
 from aepg_jax.runs.records import is_number, run_name
 
@@ -134,7 +134,7 @@ def plot_reliability(
     title: str = "Reliability after the last task",
 ) -> None:
     """Reliability diagram: per predictor `(confidence, correct)` of its test predictions, the
-    accuracy of each of the 15 equal-width confidence bins (`continual/metrics.py`) against the
+    accuracy of each of the 15 equal-width confidence bins (`aepg_jax/metrics.py`) against the
     bin's mean confidence, the diagonal being perfect calibration; the legend gives the ECE."""
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")

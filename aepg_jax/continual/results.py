@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import tqdm
 
-from aepg_jax.continual import metrics, plots, setup
+from aepg_jax import metrics
+from aepg_jax.continual import plots, setup
 from aepg_jax.continual.setup import Run
 from aepg_jax.runs import checkpointing, predictions, records
 from aepg_jax.runs.records import to_jsonable

@@ -2,7 +2,7 @@
 
 Reads each seed's `predictions.npz` (`runs/predictions.py`), no model and no checkpoint:
 rebuilds the accuracy counts of every evaluation and from them the metrics of results.json
-(`continual/metrics.summary`: accuracy matrices, A_t, forgetting, BWT, ...), the calibration
+(`metrics.summary`: accuracy matrices, A_t, forgetting, BWT, ...), the calibration
 (ECE, NLL, test entropy) and the logged entropy, checks them against results.json, and adds
 what the kept predictions allow beyond it. A predictor that outputs scores, not probabilities
 (a note in the file's metadata or in results.json) gets no calibration here either: null, with
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from aepg_jax.continual import metrics
+from aepg_jax import metrics
 from aepg_jax.runs import lock, predictions, records
 from aepg_jax.system import cli
 

@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from aepg_jax.metrics import SCORES
 from aepg_jax.models import partition, vit
 
 Params = dict[str, Any]
@@ -98,9 +99,6 @@ class TaskSpec:
 
 # `method.head_init`'s default: the heads of the method's official code (`official_head_init`).
 OFFICIAL_HEAD_INIT = "official"
-# What the reports print instead of a calibration figure of a predictor in `Method.scores`;
-# its note reads "<SCORES>: <why>".
-SCORES = "scores, not probabilities"
 
 NEG = -1e30  # the logit of a masked class: softmax gives it probability 0 (exp underflows)
 

@@ -15,9 +15,10 @@ expected configs with `differences`.
    `method.*` fields, and `pretrain.*` when nothing is pretrained (`model.init` is not
    `pretrained`). tests/test_identity.py shows results.json unchanged when they change.
 3. A field missing from a saved config (written before the field existed) compares equal at
-   its current default, taken from the schema (`schema.base_config`, or the from-scratch
-   trainer's): a run written by an earlier version resumes. A field whose default is not what
-   earlier versions did compares at that earlier value (`EARLIER_VALUES`). The heads' init
+   its current default, taken from its trainer's schema (`Schemas`: each caller hands the
+   trainers' schemas in, `aepg_jax.main.SCHEMAS`, so that storage knows no trainer): a run
+   written by an earlier version resumes. A field whose default is not what earlier versions
+   did compares at that earlier value (`EARLIER_VALUES`). The heads' init
    compares as what the heads run (`with_head_init`): `method.head_init=official` as the
    method's official init, and a config saved before that field as what its heads ran then
    (`Method.earlier_head_init`: CODA-P's `method.coda_head_init`, the field it replaced, or
@@ -40,6 +41,7 @@ import json
 import os
 import pathlib
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Config fields that do not change a run's result: where its inputs and caches are, how often it
@@ -58,6 +60,8 @@ EARLIER_VALUES: dict[str, Any] = {}
 HEAD_INIT = "method.head_init"
 REPLACED_BY_HEAD_INIT = ("method.coda_head_init",)  # fields `method.head_init` replaced
 
+# config.trainer -> its schema's `base_config(preset)` (a ConfigDict of every field's default).
+Schemas = Mapping[str, Callable[..., Any]]
 INPUTS_KEY = "inputs"  # config.json's {field: digest} of the files the config names
 DIGEST_CACHE_ENV = "AEPG_DIGEST_CACHE"  # the file digests' cache (default ~/.cache/aepg_jax)
 _MISSING = object()
@@ -75,16 +79,12 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
 
 
 @functools.cache
-def _defaults(trainer: str, preset: str | None) -> dict[str, Any]:
-    """The flat JSON defaults of `trainer`'s schema (for `preset`, else the schema's own)."""
-    if trainer == "scratch":
-        from aepg_jax.scratch import config as schema_module
-    else:
-        from aepg_jax.config import schema as schema_module
+def _defaults(base_config: Callable[..., Any], preset: str | None) -> dict[str, Any]:
+    """The flat JSON defaults of a schema's `base_config` (for `preset`, else its own)."""
     try:
-        base = schema_module.base_config(preset) if preset else schema_module.base_config()
+        base = base_config(preset) if preset else base_config()
     except (KeyError, ValueError):  # a preset this version does not know
-        base = schema_module.base_config()
+        base = base_config()
     return flatten(json.loads(base.to_json_best_effort()))
 
 
@@ -106,10 +106,14 @@ def with_head_init(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def defaults_of(flat: dict[str, Any]) -> dict[str, Any]:
-    """The schema defaults of the (flat) config `flat`'s trainer and model preset."""
+def defaults_of(flat: dict[str, Any], schemas: Schemas) -> dict[str, Any]:
+    """The schema defaults of the (flat) config `flat`'s trainer and model preset ({} for a
+    trainer `schemas` does not hold: its missing fields compare as missing)."""
+    base_config = schemas.get(flat.get("trainer", "continual"))
+    if base_config is None:
+        return {}
     preset = flat.get("model.preset")
-    return _defaults(flat.get("trainer", "continual"), preset if isinstance(preset, str) else None)
+    return _defaults(base_config, preset if isinstance(preset, str) else None)
 
 
 def inactive(flat: dict[str, Any]) -> set[str]:
@@ -264,15 +268,15 @@ def _short(digest: str | None) -> str:
     return f"{kind} {hexa[:12]}" if hexa else "none"
 
 
-def differences(a: dict, b: dict, *, contents: bool = True) -> list[str]:
+def differences(a: dict, b: dict, schemas: Schemas, *, contents: bool = True) -> list[str]:
     """The fields (dotted) in which the configs `a` and `b` (JSON dicts, each with its `inputs`
     where known) give different results, sorted: every field but `NOT_IDENTITY`'s and those
-    inactive in both; a field missing from one compares at its schema default. With
-    `contents`, a file whose digest both record and that differs is named as
+    inactive in both; a field missing from one compares at its default in its trainer's schema
+    (`schemas`). With `contents`, a file whose digest both record and that differs is named as
     `<field> content (<digest a> != <digest b>)`."""
     fa = with_head_init(flatten({k: v for k, v in a.items() if k != INPUTS_KEY}))
     fb = with_head_init(flatten({k: v for k, v in b.items() if k != INPUTS_KEY}))
-    da, db = defaults_of(fa), defaults_of(fb)
+    da, db = defaults_of(fa, schemas), defaults_of(fb, schemas)
     skip = NOT_IDENTITY | (inactive(fa) & inactive(fb))
     out = []
     for k in fa.keys() | fb.keys():

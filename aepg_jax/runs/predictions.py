@@ -5,7 +5,7 @@ keeps per test example: its dataset index and label, and per predictor the top-K
 their probabilities (`K = min(5, C)`; the first is the class-incremental prediction), the
 probability of the true class, the entropy of the predictor's distribution, and the
 task-incremental prediction (the argmax over task `i`'s own classes). The run's metrics and
-calibration (`continual/metrics.py`) are recomputed from them without the model by
+calibration (`aepg_jax/metrics.py`) are recomputed from them without the model by
 `python -m aepg_jax.evaluate` (`evaluate/evaluate.py`).
 
 File: `<seed dir>/predictions.npz` (uncompressed `.npz`), rewritten atomically after each
@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aepg_jax.continual import metrics
+from aepg_jax import metrics
 from aepg_jax.runs import lock
 
 FILE = "predictions.npz"

@@ -158,10 +158,12 @@ def changes(unit: layout.Unit, cfg) -> tuple[tuple[str, str], ...]:
     changes the result of the unit's own config: its run folder's suffix. The content of the
     files the config names is not compared here: a weights file passed as an override (Table 1)
     keeps the experiment's run names, and a run folder made with other weights is a conflict."""
+    from aepg_jax import main
+
     own = _json(load_config(unit.config_arg, unit.overrides()))
     mine = _json(cfg)
     flat = identity.flatten(mine)
-    fields = identity.differences(own, mine, contents=False)
+    fields = identity.differences(own, mine, main.SCHEMAS, contents=False)
     return tuple((f, identity.value_text(flat.get(f))) for f in fields)
 
 
@@ -169,11 +171,13 @@ def conflicts(root: str, checked: Sequence[Checked]) -> list[tuple[layout.Unit, 
     """The units whose workdir holds a run (finished, or with a checkpoint) of another identity
     than the config the sweep would run (`identity.differences`, the content of the weights
     file and of a folder dataset included), with the fields that differ."""
+    from aepg_jax import main
+
     out = []
     for c in checked:
         saved = layout.saved_config(root, c.unit) if c.cfg is not None else None
         if saved is not None:
-            fields = identity.differences(saved, identity.with_inputs(_json(c.cfg)))
+            fields = identity.differences(saved, identity.with_inputs(_json(c.cfg)), main.SCHEMAS)
             if fields:
                 out.append((c.unit, fields))
     return out

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from aepg_jax.continual import metrics
+from aepg_jax import metrics
 from aepg_jax.experiments import Experiment, Run, Table
 from aepg_jax.runs import identity, predictions, records
 from aepg_jax.tables import paired, svg
@@ -444,9 +444,13 @@ def _fmt(value: Any) -> str:
 def config_differences(mine: Mapping[str, Any], others: Mapping[str, Mapping[str, Any]]) -> str:
     """The fields in which the config `mine` differs from any of its cell's `others` (name ->
     config), with its value and theirs, as an HTML table."""
+    from aepg_jax import main
+
     if not others:
         return '<p class="note">the only run of its cell with results.</p>'
-    fields = sorted({f for o in others.values() for f in identity.differences(mine, o)})
+    fields = sorted(
+        {f for o in others.values() for f in identity.differences(mine, o, main.SCHEMAS)}
+    )
     if not fields:
         return '<p class="note">same config as its cell\'s other runs.</p>'
     flat_mine = identity.flatten(dict(mine))

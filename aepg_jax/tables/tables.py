@@ -53,8 +53,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aepg_jax import experiments
-from aepg_jax.continual import metrics
+from aepg_jax import experiments, metrics
 from aepg_jax.experiments import Column, Experiment, Published, Row, Run, Table, layout, registry
 from aepg_jax.runs import identity
 from aepg_jax.system import cli
@@ -268,9 +267,11 @@ def _changed(run, overrides: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     configs = _configs(run, overrides) if overrides else None
     if configs is None:
         return ()
+    from aepg_jax import main
+
     own, mine = configs
     flat = identity.flatten(mine)
-    fields = identity.differences(own, mine, contents=False)
+    fields = identity.differences(own, mine, main.SCHEMAS, contents=False)
     return tuple((f, identity.value_text(flat.get(f))) for f in fields)
 
 
@@ -294,7 +295,9 @@ def other_config(
         return []
     folder = layout.read_json(pathlib.Path(root, run.folder(changed), "config.json"))
     found = identity.saved_inputs(folder, results)
-    return identity.differences({**saved, identity.INPUTS_KEY: found}, expected)
+    from aepg_jax import main
+
+    return identity.differences({**saved, identity.INPUTS_KEY: found}, expected, main.SCHEMAS)
 
 
 def shown_results(root: str, view: View):

@@ -1,5 +1,9 @@
 """Continual-learning accuracy and calibration metrics (docs/algorithm.md §4), pure NumPy.
 
+The scores of a run, below everything that keeps or reads them: the continual loop records
+them, `runs/` stores them, `evaluate` recomputes them and `tables` reads them; this module
+imports nothing of the package.
+
 Notation (0-based): `T` tasks; accuracy matrix `a[i, j]` = accuracy on the test set of task `i`
 after learning task `j`, defined for `i <= j` (NaN above the diagonal's complement, `i > j`).
 `a` is class-incremental (argmax over every seen class, no task identity); the
@@ -61,8 +65,9 @@ from typing import Any
 
 import numpy as np
 
-# What a table prints instead of a calibration figure of a predictor that outputs scores.
-from aepg_jax.methods.base import SCORES as SCORES
+# What the reports print instead of a calibration figure of a predictor that outputs scores
+# (`Method.scores`); its note reads "<SCORES>: <why>".
+SCORES = "scores, not probabilities"
 
 # The calibration figures kept per predictor and task (`calibration`).
 CALIBRATION = ("ece", "nll", "entropy")
