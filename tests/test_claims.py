@@ -9,8 +9,9 @@ from __future__ import annotations
 import collections
 import importlib.util
 import pathlib
+import re
 
-from aepg_jax import methods
+from aepg_jax import experiments, methods
 from aepg_jax.experiments import field_claims, registry
 from aepg_jax.sweep import sweep
 from aepg_jax.tables import paired
@@ -59,6 +60,22 @@ def test_field_claims_runs_one_program_of_5_seeds_per_method_loss_and_init(tmp_p
         command = next(x for x in capsys.readouterr().out.splitlines() if "aepg_jax.sweep" in x)
         assert command.endswith(f"--workdir={tmp_path} --where=method=plain{flag} &")
         assert "vmap_seeds" in flag or "vmap_seeds" not in command
+
+
+def test_the_docs_give_every_method_its_comparison_with_its_official_heads():
+    text = (ROOT / "docs/methods.md").read_text()
+    found = re.findall(
+        r"^- (.+): `--where=(method=(\w+),head_init=official)` \((\w+) heads", text, re.M
+    )
+    assert [(n, m) for n, _, m, _ in found] == [(n, m) for m, n in field_claims.METHODS]
+    experiment = registry.get("field_claims")
+    for _, where, method, init in found:
+        assert init == methods.get(method).official_head_init
+        runs = experiments.filter_runs(experiment.runs(), where)
+        assert {(r.value("loss"), r.value("head_init")) for r in runs} == {
+            ("ce", init),
+            ("aepg", init),
+        } and len(runs) == 10
 
 
 def test_claims_config_without_arguments_is_the_embedded_default():
