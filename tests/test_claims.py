@@ -1,16 +1,19 @@
 """The experiment `field_claims` (`aepg_jax/experiments/field_claims.py`): every method that
 trains with a loss, CE and aEPG, 5 seeds, its official head init and N(0, 0.001^2), on
-configs/claims.py (the embedded default with arguments), and a table whose CE and aEPG rows
-pair; the published cells of SLCA, HiDe-Prompt, SD-LoRA and APER with their sources."""
+configs/claims.py (the embedded default with arguments), a cell's seeds as one program, and a
+table whose CE and aEPG rows pair; the published cells of SLCA, HiDe-Prompt, SD-LoRA and APER
+with their sources."""
 
 from __future__ import annotations
 
 import collections
 import importlib.util
 import pathlib
+import re
 
-from aepg_jax import methods
+from aepg_jax import experiments, methods
 from aepg_jax.experiments import field_claims, registry
+from aepg_jax.sweep import sweep
 from aepg_jax.tables import paired
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -39,6 +42,40 @@ def test_field_claims_lists_every_method_loss_seed_and_head_init():
     assert len(pairs) == sum(len(field_claims.head_inits(m)) for m in TRAINED)
     for base, other in pairs:
         assert table.rows[base].where == {**table.rows[other].where, "loss": "ce"}
+
+
+def test_field_claims_runs_one_program_of_5_seeds_per_method_loss_and_init(tmp_path, capsys):
+    units = sweep.select(sweep.parse(["--experiment=field_claims"])[0])[1]
+    assert len(units) == sum(2 * len(field_claims.head_inits(m)) for m in TRAINED)
+    assert all([r.seed for r in u.runs] == [0, 1, 2, 3, 4] for u in units)
+    assert units[0].name == "claims/head_init=normal,loss=ce,method=plain,seeds=0-4"
+    assert "--config.num_seeds=5" in units[0].command("runs/claims")
+    alone = sweep.select(sweep.parse(["--experiment=field_claims", "--no-vmap_seeds"])[0])[1]
+    assert len(alone) == 5 * len(units) and not any(u.vmapped for u in alone)
+    # A SLURM worker runs as the sweep would: the experiment's own choice, or the one given.
+    for extra, flag in (([], ""), (["--no-vmap_seeds"], " --no-vmap_seeds")):
+        argv = ["--experiment=field_claims", f"--workdir={tmp_path}", "--where=method=plain",
+                "--slurm", *extra]  # fmt: skip
+        assert sweep.main(argv) == 0
+        command = next(x for x in capsys.readouterr().out.splitlines() if "aepg_jax.sweep" in x)
+        assert command.endswith(f"--workdir={tmp_path} --where=method=plain{flag} &")
+        assert "vmap_seeds" in flag or "vmap_seeds" not in command
+
+
+def test_the_docs_give_every_method_its_comparison_with_its_official_heads():
+    text = (ROOT / "docs/methods.md").read_text()
+    found = re.findall(
+        r"^- (.+): `--where=(method=(\w+),head_init=official)` \((\w+) heads", text, re.M
+    )
+    assert [(n, m) for n, _, m, _ in found] == [(n, m) for m, n in field_claims.METHODS]
+    experiment = registry.get("field_claims")
+    for _, where, method, init in found:
+        assert init == methods.get(method).official_head_init
+        runs = experiments.filter_runs(experiment.runs(), where)
+        assert {(r.value("loss"), r.value("head_init")) for r in runs} == {
+            ("ce", init),
+            ("aepg", init),
+        } and len(runs) == 10
 
 
 def test_claims_config_without_arguments_is_the_embedded_default():

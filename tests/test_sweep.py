@@ -76,7 +76,7 @@ ours: mean ± std over seeds (n runs; `k/n done` while runs are missing); Δ = o
 |---|---:|---:|
 | LoRA_aEPG - CE | +9.50 [+3.15, +15.85] wins 2/2 (2/3 pairs) | +10.50 [+4.15, +16.85] wins 2/2 (2/3 pairs) |
 
-paired: per seed, the row's value minus its CE row's (same seed and settings); mean over the seeds both finished [95% CI, Student t with n - 1 df] and wins: seeds where the row is better (higher accuracy; lower ECE, NLL, forgetting).
+paired: per seed, the row's value minus its CE row's (same seed and settings); mean over the seeds both finished [95% CI, Student t with n - 1 df] and wins: seeds where the row is better (higher accuracy; lower ECE, NLL, forgetting), none for entropies and other metrics with no better direction.
 """  # noqa: E501
 
 LATEX = r"""% Fake table (paper: tab:fake)
@@ -93,7 +93,7 @@ LoRA\_aEPG & 60.5 $\pm$ 0.7 (2/3 done, 1 failed) & 60.4 & +0.1 & 81.0 $\pm$ 1.4 
 \end{tabular}
 
 % aEPG - CE (paired): Fake table
-% paired: per seed, the row's value minus its CE row's (same seed and settings); mean over the seeds both finished [95% CI, Student t with n - 1 df] and wins: seeds where the row is better (higher accuracy; lower ECE, NLL, forgetting).
+% paired: per seed, the row's value minus its CE row's (same seed and settings); mean over the seeds both finished [95% CI, Student t with n - 1 df] and wins: seeds where the row is better (higher accuracy; lower ECE, NLL, forgetting), none for entropies and other metrics with no better direction.
 \begin{tabular}{lrr}
 \toprule
  & $A_{5}$ & $\tilde{A}_{5}$ \\

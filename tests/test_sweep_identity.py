@@ -122,12 +122,71 @@ def test_where_names_the_values_that_exist(fake, capsys):
         sweep.main([f"--experiment={path}", "--list", "--where=loss=lora"])
     assert err.value.code == 2
     assert _one_error_line(capsys) == (
-        "error: --where=loss=lora matches none of fake's runs; loss is one of aepg, ce."
+        "error: --where=loss=lora: loss=lora matches none of fake's runs; loss is one of aepg, ce."
     )
     with pytest.raises(SystemExit):
-        sweep.main(["--experiment=demo", "--list", "--where=method=lora,loss=ce"])
+        sweep.main(["--experiment=demo", "--list", "--where=method=plain,loss=ce/lora"])
     line = _one_error_line(capsys)
-    assert "method is one of coda_prompt, lae, plain; loss is one of aepg, ce." in line
+    assert line.endswith(": loss=lora matches none of demo's runs; loss is one of aepg, ce.")
+    # Each value exists, their combination in no run (plain's heads are N(0, s^2) only): every
+    # key named.
+    with pytest.raises(SystemExit):
+        sweep.main(["--experiment=field_claims", "--list", "--where=method=plain,head_init=linear"])
+    line = _one_error_line(capsys)
+    assert line.startswith(
+        "error: --where=method=plain,head_init=linear matches none of field_claims's runs; "
+        "method is one of aper, coda_prompt, "
+    )
+    assert line.endswith("; head_init is one of linear, normal, trunc_normal, uniform, official.")
+
+
+FIELD_CLAIMS_SLCA = "--where=method=slca,head_init=official,seed=0/1/2"
+
+
+def _listed(capsys) -> list[str]:
+    """The run or program names `--list` printed."""
+    lines = capsys.readouterr().out.splitlines()
+    return [x.split()[-1] for x in lines if x.startswith("[")]
+
+
+def test_where_takes_several_values_and_the_official_head_init(capsys):
+    assert (
+        sweep.main(["--experiment=field_claims", "--list", "--no-vmap_seeds", FIELD_CLAIMS_SLCA])
+        == 0
+    )
+    # SLCA's official heads are trunc_normal (its code's): CE and aEPG, seeds 0-2, no N(0, s^2).
+    leaves = [f"head_init=trunc_normal,loss={loss},method=slca,seed={s}" for loss in ("ce", "aepg")
+              for s in (0, 1, 2)]  # fmt: skip
+    assert _listed(capsys) == [f"claims/{leaf}" for leaf in leaves]
+    # By default its seeds are vmapped: the same 6 runs as one program per loss.
+    assert sweep.main(["--experiment=field_claims", "--list", FIELD_CLAIMS_SLCA]) == 0
+    out = capsys.readouterr().out
+    assert [x.split()[-1] for x in out.splitlines() if x.startswith("[")] == [
+        f"claims/head_init=trunc_normal,loss={loss},method=slca,seeds=0-2"
+        for loss in ("ce", "aepg")
+    ]
+    assert out.count("--config.num_seeds=3") == 2
+    assert "6 runs as 2 programs (seeds vmapped; --no-vmap_seeds: one each)" in out
+    # Where the official init is N(0, s^2), official and normal select the same runs.
+    plain = "--where=method=plain,loss=ce,head_init={},seed=0"
+    assert sweep.main(["--experiment=field_claims", "--list", plain.format("official")]) == 0
+    official = _listed(capsys)
+    assert sweep.main(["--experiment=field_claims", "--list", plain.format("normal")]) == 0
+    assert _listed(capsys) == official == ["claims/head_init=normal,loss=ce,method=plain,seed=0"]
+
+
+def test_a_bad_where_value_names_its_key_and_the_valid_values(capsys):
+    for where, key, valid in (
+        ("method=slca,seed=0/7", "seed=7", "seed is one of 0, 1, 2, 3, 4"),
+        ("head_init=offical", "head_init=offical",
+         "head_init is one of linear, normal, trunc_normal, uniform, official"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as err:
+            sweep.main(["--experiment=field_claims", "--list", f"--where={where}"])
+        assert err.value.code == 2
+        assert _one_error_line(capsys) == (
+            f"error: --where={where}: {key} matches none of field_claims's runs; {valid}."
+        )
 
 
 def test_list_prints_commands_runnable_as_printed_and_names_say_method_and_loss(capsys):

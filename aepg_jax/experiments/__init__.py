@@ -16,9 +16,11 @@ from aepg_jax.experiments.spec import (
     Row,
     Run,
     Table,
+    aliases,
     count,
     filter_runs,
     parse_spec,
+    parse_where,
     resolve_config,
     same_value,
 )
@@ -34,9 +36,11 @@ __all__ = [
     "Row",
     "Run",
     "Table",
+    "aliases",
     "count",
     "filter_runs",
     "parse_spec",
+    "parse_where",
     "resolve_config",
     "same_value",
 ]

@@ -13,7 +13,9 @@ its 95% interval and wins; its rows name the init each selects.
 Per-method settings beyond the default: RanPAC projects to M = 2000 (at its default 10000 the
 ridge solves dominate a CPU run, as in `prototypes_demo`); HiDe-Prompt trains its prompts from
 a task's first step (its reference settings, as in `field_demo`). Every method keeps
-default.py's optimiser. The seeds can run as one program per cell with `--vmap_seeds`.
+default.py's optimiser. A cell's seeds run as one vmapped program (`vmap_seeds`: one
+program per method, loss and init, seed i of which is the single run of seed i;
+`--no-vmap_seeds` runs each alone).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ FIELD_CLAIMS = Experiment(
     _grids(),
     [Table("aEPG against CE on the embedded default (digits, 5 tasks; 5 seeds; no published "
            "numbers)", _rows(), COLUMNS)],
+    vmap_seeds=True,
 )  # fmt: skip
 
 EXPERIMENTS = (FIELD_CLAIMS,)

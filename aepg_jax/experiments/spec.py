@@ -33,6 +33,7 @@ from aepg_jax.experiments import names
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SEED = "seed"
+HEAD_INIT, OFFICIAL = "head_init", "official"  # `head_init=official` selects each method's own
 CONFIG_KEY = "config"  # pseudo-argument of a selection: the config file's stem
 
 
@@ -127,9 +128,15 @@ class Run:
         return given if given is not None else dict(self.canonical_args()).get(key)
 
     def matches(self, where: Mapping[str, Any]) -> bool:
-        """Every `key: value` of `where` is one of this run's arguments (or its config stem)."""
-        return all(
-            (v := self.value(k)) is not None and same_value(v, want) for k, want in where.items()
+        """Every `key: value` of `where` is one of this run's arguments (or its config stem); a
+        tuple of values: any of them (`parse_where`); `head_init=official`: its method's own."""
+        return all(self._has(k, want) for k, want in where.items())
+
+    def _has(self, key: str, want: Any) -> bool:
+        v = self.value(key)
+        wants = want if isinstance(want, tuple) else (want,)
+        return v is not None and any(
+            same_value(v, w) or same_value(v, alias(self, key, w)) for w in wants
         )
 
     def canonical_args(self) -> tuple[tuple[str, str], ...]:
@@ -298,7 +305,9 @@ class Plot:
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     """Grids with the tables and plots made of them; `parts`: experiments whose grids, tables
-    and plots this one runs together (each table still reads only its own part's runs)."""
+    and plots this one runs together (each table still reads only its own part's runs);
+    `vmap_seeds`: the sweep runs a cell's consecutive seeds as one program unless told not to
+    (`--no-vmap_seeds`)."""
 
     name: str
     title: str
@@ -306,6 +315,7 @@ class Experiment:
     tables: Sequence[Table] = ()
     plots: Sequence[Plot] = ()
     parts: Sequence[Experiment] = ()
+    vmap_seeds: bool = False
 
     def all_grids(self) -> list[Grid]:
         return [*self.grids, *(g for p in self.parts for g in p.all_grids())]
@@ -334,16 +344,39 @@ class Experiment:
         return own + [s for p in self.parts for s in p.sections()]
 
 
+def alias(run: Run, key: str, value: Any) -> Any:
+    """The value `value` of a selection's `key` stands for in `run`: `head_init=official`, the
+    head init of the run's method's official code (`Method.official_head_init`); else itself."""
+    if key == HEAD_INIT and value == OFFICIAL and (method := run.value("method")):
+        from aepg_jax import methods
+
+        return methods.get(method).official_head_init if method in methods.REGISTRY else value
+    return value
+
+
+def aliases(key: str) -> tuple[str, ...]:
+    """The values of `key` that a selection may give besides the runs' own (`alias`)."""
+    return (OFFICIAL,) if key == HEAD_INIT else ()
+
+
+def parse_where(where: str | None) -> dict[str, tuple[str, ...]]:
+    """`"method=slca,seed=0/1/2"` -> `{"method": ("slca",), "seed": ("0", "1", "2")}`: a run
+    matches when it has one of each key's `/`-separated values (a grid spec's syntax)."""
+    selection: dict[str, tuple[str, ...]] = {}
+    for piece in filter(None, (where or "").split(",")):
+        key, sep, values = piece.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--where={where}: {piece!r} is not key=value[/value...].")
+        selection[key.strip()] = tuple(v.strip() for v in values.split("/"))
+    return selection
+
+
 def filter_runs(runs: Sequence[Run], where: str | None) -> list[Run]:
-    """The runs whose arguments match `where`, `"key=value,key=value"` (`config=<stem>` too)."""
+    """The runs whose arguments match `where`, `"key=value[/value...],..."` (`config=<stem>`
+    too; `parse_where`)."""
     if not where:
         return list(runs)
-    selection = {}
-    for piece in filter(None, where.split(",")):
-        key, sep, value = piece.partition("=")
-        if not sep:
-            raise ValueError(f"--where={where}: {piece!r} is not key=value.")
-        selection[key.strip()] = value.strip()
+    selection = parse_where(where)
     return [r for r in runs if r.matches(selection)]
 
 

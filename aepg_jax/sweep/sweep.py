@@ -1,7 +1,7 @@
 """Runs every run of an experiment (a table or figure of the paper, or the demo), resumably.
 
     python -m aepg_jax.sweep --experiment=NAME --workdir=DIR [--list | --status]
-        [--where key=value,...] [--shard=i/n] [--vmap_seeds] [--rerun_changed]
+        [--where key=value[/value...],...] [--shard=i/n] [--[no-]vmap_seeds] [--rerun_changed]
         [--slurm [--array_size=N] [--gpus_per_worker=N] [--cpus_per_worker=N] [--signal_s=S]
                  [--sbatch=OPTION ...]] [--config.<field>=<value> ...]
 
@@ -22,8 +22,9 @@ its checkpoint. A run's own output goes to DIR/<run name>/sweep.log; the sweep p
 per run (A_T when done, the ETA). A run that fails on its data is recorded, the others go on
 and the sweep exits 1 at the end; run it again to retry. `--shard=i/n` takes every n-th run from
 the i-th; `--slurm` prints an sbatch array script; `--vmap_seeds` trains a cell's seeds as one
-program. Ctrl-C, SIGTERM or SIGUSR1 checkpoint the run in progress and exit 130, 143 or 138;
-the same command resumes (a second Ctrl-C stops at once: the run resumes from its newest
+program (an experiment may do so by default; `--no-vmap_seeds` then runs each seed alone).
+Ctrl-C, SIGTERM or SIGUSR1 checkpoint the run in progress and exit 130, 143 or 138; the same
+command resumes (a second Ctrl-C stops at once: the run resumes from its newest
 checkpoint). A worker whose runs are all done (a signal that its last run finished despite)
 exits 0. `--status` prints each run as done, running, failed, partial or todo.
 docs/paper.md has the details; `python -m aepg_jax.tables DIR` then prints the tables.
@@ -107,13 +108,17 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--status", action="store_true", help="print the runs' status; exit")
     parser.add_argument(
-        "--where", help="only the runs whose arguments match, e.g. tasks=10,loss=ce"
+        "--where",
+        help="only the runs whose arguments match, e.g. tasks=10,loss=ce/aepg,seed=0/1/2 (a "
+        "/ between values: any of them; head_init=official: each method's own heads)",
     )
     parser.add_argument("--shard", help="i/n: run only shard i (0-based) of n")
     parser.add_argument(
         "--vmap_seeds",
-        action="store_true",
-        help="run the consecutive seeds of a cell as one num_seeds program",
+        action=argparse.BooleanOptionalAction,
+        help="run the consecutive seeds of a cell as one num_seeds program (default: on for "
+        f"{', '.join(n for n, e in registry.registry().items() if e.vmap_seeds)}, off for the "
+        "others)",
     )
     parser.add_argument(
         "--compile_cache",
@@ -248,34 +253,53 @@ def _error_line(err: BaseException) -> str:
     return line if isinstance(err, main.USER_ERRORS) else f"{type(err).__name__}: {line}"
 
 
-def values(runs: Sequence[experiments.Run], where: str) -> str:
-    """What the keys of `where` take in `runs`: `method is one of coda_prompt, lae, plain`."""
-    keys = dict.fromkeys(p.partition("=")[0].strip() for p in where.split(",") if "=" in p)
+def values(runs: Sequence[experiments.Run], keys: Sequence[str]) -> str:
+    """What `keys` take in `runs`: `method is one of coda_prompt, lae, plain` (with the values
+    that stand for one per run, `head_init=official`)."""
     parts = []
     for key in keys:
-        found = sorted({v for r in runs if (v := r.value(key)) is not None})
+        found = sorted({v for r in runs if (v := r.value(key)) is not None}, key=_value_order)
+        found += [a for a in experiments.aliases(key) if any(r.matches({key: a}) for r in runs)]
         parts.append(f"{key} is one of {', '.join(found)}")
     return "; ".join(parts)
 
 
+def _value_order(value: str) -> tuple:
+    """Numbers by value (seed 2 before 10), then text."""
+    try:
+        return (0, float(value), value)
+    except ValueError:
+        return (1, 0.0, value)
+
+
 def select(args: argparse.Namespace) -> tuple[experiments.Experiment, list[layout.Unit]]:
+    """The experiment and the units of the runs `--where` selects: one per run, or with seeds
+    vmapped (`--vmap_seeds`, else the experiment's own `vmap_seeds`) one per block of a cell's
+    consecutive seeds. Sets `args.vmap_seeds` to the choice made."""
     experiment = registry.get(args.experiment)
     runs = experiment.runs()
     known = {experiments.CONFIG_KEY, *(k for r in runs for k, _ in r.args)}
-    for piece in filter(None, (args.where or "").split(",")):
-        key = piece.partition("=")[0].strip()
-        if "=" in piece and key not in known:
+    selection = experiments.parse_where(args.where)
+    for key, wanted in selection.items():
+        if key not in known:
             raise ValueError(
                 f"--where={args.where}: {key!r} is not an argument of {experiment.name}'s runs; "
                 f"they have {', '.join(sorted(known))}."
             )
-    selected = experiments.filter_runs(runs, args.where)
-    if not selected:
+        for value in wanted:
+            if not any(r.matches({key: value}) for r in runs):
+                raise ValueError(
+                    f"--where={args.where}: {key}={value} matches none of {experiment.name}'s "
+                    f"runs; {values(runs, [key])}."
+                )
+    runs = experiments.filter_runs(runs, args.where)
+    if not runs:
         raise ValueError(
             f"--where={args.where} matches none of {experiment.name}'s runs; "
-            f"{values(runs, args.where)}."
+            f"{values(experiment.runs(), list(selection))}."
         )
-    runs = selected
+    if args.vmap_seeds is None:
+        args.vmap_seeds = experiment.vmap_seeds
     return experiment, layout.units(runs, args.vmap_seeds)
 
 
@@ -287,6 +311,9 @@ def print_list(
         print(overview.line(root, unit, f"[{k + 1:>{width}}/{len(units)}]"))
         if commands:
             print(f"    {unit.command(root or '<workdir>', overrides)}")
+    if any(u.vmapped for _, u in mine):
+        runs = sum(len(u.runs) for _, u in mine)
+        print(f"{runs} runs as {len(mine)} programs (seeds vmapped; --no-vmap_seeds: one each)")
     if root is not None:
         counts = overview.counts(root, [u for _, u in mine])
         print(", ".join(f"{n} {word}" for word, n in counts.items()))
@@ -351,7 +378,8 @@ def slurm_script(args: argparse.Namespace, overrides: Sequence[str], n_units: in
         f"--workdir={root}",
     ]
     sweep += [f"--where={args.where}"] if args.where else []
-    sweep += ["--vmap_seeds"] if args.vmap_seeds else []
+    if args.vmap_seeds != registry.get(args.experiment).vmap_seeds:  # else the experiment's
+        sweep += ["--vmap_seeds" if args.vmap_seeds else "--no-vmap_seeds"]
     sweep += [f"--compile_cache={args.compile_cache}"] if args.compile_cache is not None else []
     sweep += [f"--shard={args.shard}"] if args.shard else []
     command = shlex.join(sweep)

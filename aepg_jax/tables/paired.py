@@ -3,16 +3,18 @@
 Where two rows of a table differ only in their `loss` (`LAE` with `loss=ce`, `LAE + aEPG` with
 `loss=aepg`), their runs share everything else: seed, class order, initial weights. For each
 column, the runs of the two cells are paired by that identity (`pair_key`: the run's config,
-arguments and overrides but its loss), and the table reports the paired difference
-d_s = x_s(loss) - x_s(CE) over the n seeds that both finished:
+arguments and overrides but its loss; a seed of a vmapped program pairs as its single run), and
+the table reports the paired difference d_s = x_s(loss) - x_s(CE) over the n seeds that both
+finished:
 
     mean   d̄ = (1/n) Σ_s d_s
     95% CI d̄ ± t_{0.975, n-1} · sd(d) / √n      (Student t, sample sd; none for n < 2)
     wins   #{s : d_s better}                    (higher accuracy; lower ECE, NLL, forgetting)
 
-A figure that is null by design (`calibration_note`: scores, not probabilities) has no value
-in its cell and pairs with nothing. `t_quantile` is exact for integer degrees of freedom
-(Abramowitz & Stegun 26.7.3, solved by bisection), so no statistics package is needed.
+Wins are counted only for a metric with a better direction (`HIGHER_IS_BETTER`,
+`LOWER_IS_BETTER`); an entropy, or any metric declared neither, shows the mean and interval
+alone. A figure that is null by design (`calibration_note`: scores, not probabilities) has no
+value in its cell and pairs with nothing.
 """
 
 from __future__ import annotations
@@ -23,63 +25,32 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import scipy.stats
 
 from aepg_jax.experiments import Run, Table
 
 LOSS = "loss"
 BASELINE = "ce"
 LEVEL = 0.95
-# Metrics where smaller is better: a win is a negative difference.
+# Metrics with a better direction: a win is a positive (higher) or negative (lower) difference.
+# Any other metric (H_T, test_entropy_T: no entropy is better) counts no wins.
+HIGHER_IS_BETTER = frozenset({
+    "A_T", "avg_inc_acc", "acc_pooled_T", "task_incremental_A_T", "task_incremental_avg_inc_acc",
+    "best_test_acc", "bwt",
+})  # fmt: skip
 LOWER_IS_BETTER = frozenset({"ece_T", "nll_T", "forgetting", "forgetting_stepwise"})
 LOSS_NAMES = {"aepg": "aEPG", "epg": "EPG", "ce": "CE"}
-
-
-def t_two_sided(t: float, df: int) -> float:
-    """P(|T| <= t) for Student's T with integer `df` >= 1 degrees of freedom (A&S 26.7.3):
-    with θ = atan(t/√df), odd df: (2/π)(θ + sin θ Σ_k a_k cos^(2k+1) θ), a_0 = 1,
-    a_k = a_{k-1}·2k/(2k+1), k < (df-1)/2; even df: sin θ Σ_k b_k cos^(2k) θ, b_0 = 1,
-    b_k = b_{k-1}(2k-1)/(2k), k < df/2."""
-    if df < 1:
-        raise ValueError(f"Student t needs df >= 1, got {df}.")
-    theta = math.atan(abs(t) / math.sqrt(df))
-    s, c = math.sin(theta), math.cos(theta)
-    if df % 2:
-        total, term = 0.0, c
-        for k in range((df - 1) // 2):
-            if k:
-                term *= c * c * (2 * k) / (2 * k + 1)
-            total += term
-        return (2 / math.pi) * (theta + s * total) if df > 1 else 2 * theta / math.pi
-    total, term = 0.0, 1.0
-    for k in range(df // 2):
-        if k:
-            term *= c * c * (2 * k - 1) / (2 * k)
-        total += term
-    return s * total
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The `p`-quantile (0.5 < p < 1) of Student's t with integer `df`: the t at which
-    P(|T| <= t) = 2p - 1, by bisection to 1e-12."""
-    if not 0.5 < p < 1:
-        raise ValueError(f"t_quantile wants 0.5 < p < 1, got {p}.")
-    target, lo, hi = 2 * p - 1, 0.0, 1.0
-    while t_two_sided(hi, df) < target:
-        hi *= 2
-    while hi - lo > 1e-12 * max(1.0, hi):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_two_sided(mid, df) < target else (lo, mid)
-    return (lo + hi) / 2
 
 
 @dataclasses.dataclass(frozen=True)
 class Paired:
     """The per-seed differences `diffs` (other loss - CE, in seed order) of one column, with
-    the number of pairs the two cells select (`expected`) and the metric's direction."""
+    the number of pairs the two cells select (`expected`) and the metric's direction (`better`:
+    +1 higher is better, -1 lower, 0 neither: no wins)."""
 
     diffs: tuple[float, ...]
     expected: int
-    lower_is_better: bool = False
+    better: int = 1
 
     @property
     def n(self) -> int:
@@ -95,7 +66,7 @@ class Paired:
         if self.n < 2:
             return None
         sd = float(np.std(self.diffs, ddof=1))
-        return t_quantile((1 + LEVEL) / 2, self.n - 1) * sd / math.sqrt(self.n)
+        return float(scipy.stats.t.ppf((1 + LEVEL) / 2, self.n - 1)) * sd / math.sqrt(self.n)
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -103,12 +74,18 @@ class Paired:
         return None if h is None else (self.mean - h, self.mean + h)
 
     @property
-    def wins(self) -> int:
-        return sum(1 for d in self.diffs if (d < 0 if self.lower_is_better else d > 0))
+    def wins(self) -> int | None:
+        """The seeds whose difference is better; None for a metric with no better direction."""
+        return sum(1 for d in self.diffs if d * self.better > 0) if self.better else None
+
+    @property
+    def wins_text(self) -> str:
+        """`wins 4/5`; "" where wins are not counted."""
+        return "" if self.wins is None else f"wins {self.wins}/{self.n}"
 
     def text(self, decimals: int = 2) -> str:
-        """`+1.20 [+0.31, +2.09] wins 4/5` (`(3/5 pairs)` while runs are missing; `—` with no
-        pair finished)."""
+        """`+1.20 [+0.31, +2.09] wins 4/5` (no wins where the metric has no better direction;
+        `(3/5 pairs)` while runs are missing; `—` with no pair finished)."""
         if not self.expected:
             return ""
         if self.mean is None:
@@ -117,7 +94,7 @@ class Paired:
         if self.interval is not None:
             lo, hi = self.interval
             out += f" [{lo:+.{decimals}f}, {hi:+.{decimals}f}]"
-        out += f" wins {self.wins}/{self.n}"
+        out += f" {self.wins_text}" if self.wins_text else ""
         return out + (f" ({self.n}/{self.expected} pairs)" if self.n < self.expected else "")
 
 
@@ -184,8 +161,13 @@ def compare(
     return Paired(
         tuple(d for _, d in sorted(diffs, key=lambda sd: sd[0])),
         expected,
-        metric in LOWER_IS_BETTER,
+        direction(metric),
     )
+
+
+def direction(metric: str) -> int:
+    """+1 where a higher `metric` is better, -1 where lower is, 0 where neither is declared."""
+    return 1 if metric in HIGHER_IS_BETTER else -1 if metric in LOWER_IS_BETTER else 0
 
 
 def title(table: Table) -> str:
@@ -198,5 +180,6 @@ def title(table: Table) -> str:
 LEGEND = (
     "paired: per seed, the row's value minus its CE row's (same seed and settings); mean over "
     "the seeds both finished [95% CI, Student t with n - 1 df] and wins: seeds where the row "
-    "is better (higher accuracy; lower ECE, NLL, forgetting)."
+    "is better (higher accuracy; lower ECE, NLL, forgetting), none for entropies and other "
+    "metrics with no better direction."
 )

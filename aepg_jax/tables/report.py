@@ -204,7 +204,7 @@ def paired_html(table: Table, rows: Sequence[paired.PairedRow]) -> str:
                     continue
                 lo, hi = p.interval or (None, None)
                 label = f"{r.label} · {col.label}"
-                intervals.append(svg.Interval(label, p.mean, lo, hi, f"wins {p.wins}/{p.n}"))
+                intervals.append(svg.Interval(label, p.mean, lo, hi, p.wins_text))
         if intervals:
             labels = [c.label for c in table.columns if c.metric == metric]
             charts.append(
