@@ -58,6 +58,11 @@ def test_cholesky_factors_one_matrix_per_lapack_call():
     program = jax.jit(cg.sample, static_argnums=2).lower(covs[:, 0], covs, 3, jax.random.key(0))
     calls = [line for line in program.as_text().splitlines() if "potrf" in line]
     assert calls and all('num_batch_dims = "0"' in line for line in calls), calls
+    # The path that names a class whose covariance cannot be factored: the same one per call.
+    calls = [line for line in cg.factorable.lower(covs).as_text().splitlines() if "potrf" in line]
+    assert calls and all('num_batch_dims = "0"' in line for line in calls), calls
+    bad = covs.at[3].set(-jnp.eye(4))
+    assert np.asarray(cg.factorable(bad)).tolist() == [True, True, True, False, True]
 
 
 def _reference_align(w, b, feats, labels, steps, seen, lr, mom, wd):

@@ -1,15 +1,18 @@
 """The persistent compilation cache (`system/xla_cache.py`, its files `system/xla_store.py`):
 where it is, that processes share one directory, that a program read back computes what the
-compiled one did, and that a damaged entry, a read-only directory, a full disk or a path that
-is a file each end in one `warning:` line (never a traceback or jax's own warnings) while the
-run goes on."""
+compiled one did, and that a damaged entry, an entry of another program, a read-only
+directory, a full disk or a path that is a file or a link to nothing each end in one `warning:`
+line (never a traceback or jax's own warnings) while the run goes on."""
 
 from __future__ import annotations
 
 import errno
+import functools
+import hashlib
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
@@ -104,6 +107,39 @@ def test_a_damaged_entry_is_a_miss_said_once_and_written_again(tmp_path):
     assert sorted(os.listdir(store.path)) == ["a.xla"]  # no temporary file left
 
 
+def test_a_whole_entry_of_another_key_is_a_miss_said_once_and_written_again(tmp_path):
+    """Entries swapped (a copy or sync tool, a hand): each passes its checksum but holds the
+    other key's program, so neither is read as its file's program."""
+    store, lines = _store(tmp_path)
+    for key in ("jit_add-1", "jit_add-2", "jit_eval_step-3"):
+        store.put(key, key.encode() * 100)
+    a, b, c = (os.path.join(store.path, f"{key}.xla") for key in ("jit_add-1", "jit_add-2",
+                                                                   "jit_eval_step-3"))  # fmt: skip
+    os.rename(a, a + ".x")
+    os.rename(b, a)
+    os.rename(a + ".x", b)
+    shutil.copyfile(c, a)  # and one replaced by a third program's
+    assert [store.get(k) for k in ("jit_add-1", "jit_add-2")] == [None, None]
+    assert store.get("jit_eval_step-3") == b"jit_eval_step-3" * 100
+    assert store.foreign == 2 and store.damaged == 0
+    assert len(lines) == 1 and store.path in lines[0] and "another program" in lines[0]
+    assert sorted(os.listdir(store.path)) == ["jit_eval_step-3.xla"]  # dropped
+    store.put("jit_add-1", b"1" * 100)
+    assert store.get("jit_add-1") == b"1" * 100
+
+
+def test_an_entry_of_the_earlier_format_is_replaced_without_a_line(tmp_path):
+    store, lines = _store(tmp_path)
+    old = os.path.join(store.path, "k.xla")
+    payload = b"p" * 100
+    with open(old, "wb") as f:  # magic, length, sha256(payload), payload
+        f.write(struct.pack(">8sQ32s", b"aepgxla1", 100, hashlib.sha256(payload).digest()))
+        f.write(payload)
+    assert store.get("k") is None and not lines
+    store.put("k", payload)
+    assert store.get("k") == payload and not lines
+
+
 class _Failing:
     """A file whose writes fail with `code` (a full disk: ENOSPC)."""
 
@@ -173,8 +209,20 @@ def test_a_cache_path_that_is_a_file_is_said_and_not_used(tmp_path):
         assert len(lines) == 1 and f"{path} {said}" in lines[0]
 
 
+def test_a_cache_path_through_a_link_to_nothing_is_said_as_one(tmp_path):
+    """A `~/.cache` linked to a scratch disk that is not mounted: the link is named."""
+    link = tmp_path / "cache"
+    link.symlink_to(tmp_path / "unmounted" / "scratch")
+    for path in (link, link / "aepg_jax" / "xla"):
+        lines: list[str] = []
+        assert xla_store.Store.open(str(path), 2**20, lines.append) is None
+        assert len(lines) == 1 and "is a file" not in lines[0], lines
+        target = tmp_path / "unmounted" / "scratch"
+        assert f"{link} is a link to {target}, which does not exist" in lines[0]
+
+
 def test_the_least_recently_used_entries_go_beyond_the_size(tmp_path):
-    store, lines = _store(tmp_path, max_bytes=3 * (xla_store.HEADER.size + 1000))
+    store, lines = _store(tmp_path, max_bytes=3 * len(xla_store.pack("a", b"a" * 1000)))
     foreign = os.path.join(store.path, "jit_f-0123-cache")  # jax's own entry: not touched
     stale = os.path.join(store.path, ".1-dead.tmp")  # a killed writer's
     for file in (foreign, stale):
@@ -225,9 +273,53 @@ def test_a_damaged_entry_is_rewritten_by_the_next_run_and_read_by_the_one_after(
     second, err = _run(cache)
     assert second["summary"]["cached"] == 1 and second["out"] == first["out"]
     assert len(err) == 1 and err[0].startswith("warning: compilation cache") and "damaged" in err[0]
-    assert _entries(cache) == entries  # whole again: the same programs
+    again = _entries(cache)  # whole again, each under its key (a payload holds its compile time)
+    assert {k: v and v[0] for k, v in again.items()} == {k: v[0] for k, v in entries.items()}
     third, err = _run(cache)
     assert third["summary"]["cached"] == 3 and third["out"] == first["out"] and err == []
+
+
+def _tiny_run(tmp_path, cache: str, name: str) -> tuple[dict, list[str]]:
+    """The tiny continual config (2 tasks) through `aepg_jax.main` with the cache in `cache`:
+    (its results.json, its stderr lines other than progress bars)."""
+    from tiny import write_spec
+
+    spec = write_spec(tmp_path / "spec.json", tmp_path / "data", {"data.num_tasks": 2})
+    env = {**os.environ, xla_cache.ENV: cache, "JAX_PLATFORMS": "cpu"}
+    workdir = tmp_path / name
+    cmd = [sys.executable, "-m", "aepg_jax.main", f"--config={spec}", f"--workdir={workdir}"]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith(("warning", "error", "Trace"))]
+    return json.loads((workdir / "results.json").read_text()), lines
+
+
+@pytest.mark.slow
+def test_entries_swapped_or_replaced_by_another_programs_are_compiled_again(tmp_path):
+    """A run after two entries of one operation were swapped and the train step's was replaced
+    by the evaluation's (each whole, so each passes its checksum): one line naming
+    the cache, and the clean run's accuracy matrix."""
+    cache = str(tmp_path / "xla")
+    clean, lines = _tiny_run(tmp_path, cache, "clean")
+    assert lines == []
+    entries = sorted(os.listdir(cache))
+    by_program: dict[str, list[str]] = {}
+    for name in entries:
+        by_program.setdefault(name.rsplit("-", 1)[0], []).append(name)
+    a, b = by_program["jit_add"][:2]  # two shapes of one operation
+    step, evaluation = by_program["jit_step"][0], by_program["jit_eval_step"][0]
+    path = functools.partial(os.path.join, cache)
+    os.rename(path(a), path("swap"))
+    os.rename(path(b), path(a))
+    os.rename(path("swap"), path(b))
+    shutil.copyfile(path(evaluation), path(step))
+    again, lines = _tiny_run(tmp_path, cache, "again")
+    assert len(lines) == 1 and lines[0].startswith(f"warning: compilation cache {cache}: entry")
+    assert "another program" in lines[0]
+    assert again["accuracy_matrix"] == clean["accuracy_matrix"]
+    assert sorted(os.listdir(cache)) == entries  # written again under their own keys
+    _, lines = _tiny_run(tmp_path, cache, "third")
+    assert lines == []
 
 
 def _user_namespace_mounts() -> bool:

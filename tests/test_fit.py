@@ -160,3 +160,16 @@ def test_the_scanned_program_is_checked_with_the_largest_tasks_data(tmp_path, mo
     monkeypatch.setattr(fit, "available", lambda: (program.resident + 2**10, "memory left"))
     with pytest.raises(fit.DoesNotFit, match=r"^the train program scanning task 2's 436 "):
         fit.check(checked)
+
+
+def test_the_method_state_held_counts_every_local_shard_on_the_cpu():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from aepg_jax.continual import fit
+
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("d",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    tree = {"gram": jax.device_put(jnp.zeros((16, 16)), replicated), "host": np.zeros(99)}
+    assert fit.held_bytes(tree) == 16 * 16 * 4 * len(jax.local_devices())

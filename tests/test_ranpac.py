@@ -3,6 +3,8 @@ adaptation (task 0 only), end-to-end runs and resume. The official-code comparis
 tests/test_official_ranpac.py."""
 
 import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,8 @@ from tiny import tiny_config
 from aepg_jax.continual import trainer
 from aepg_jax.methods import prototypes, ranpac
 from aepg_jax.methods.base import peft_of
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _numpy_reference(h, y, num_classes, n_fit):
@@ -149,3 +153,55 @@ def test_domain_scenario_runs(tmp_path):
     cfg = _config(tmp_path, **domain, max_steps_per_task=3)
     results = trainer.run(cfg, str(tmp_path / "run"))
     assert np.isfinite(results["A_T"]) and len(results["accuracy_matrix"]) == 4
+
+
+# Checks `num_seeds=4`, `method.ranpac_m=10000` from the default config with 3 GiB free on
+# argv[1] host devices; prints the one line it is refused with ("" when accepted).
+SEEDS_ON_DEVICES = """
+import os, sys
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[1]}"
+os.environ["AEPG_FIT_CHECK"] = "1"
+sys.path.insert(0, "configs")
+import default, jax
+from aepg_jax.continual import fit
+fit.available = lambda: (3 * 2**30, "host memory available to this process")
+cfg = default.get_config()
+cfg.method.name, cfg.method.ranpac_m, cfg.num_seeds = "ranpac", 10000, 4
+try:
+    fit.check_config(cfg, jax.device_count())
+    print("")
+except fit.DoesNotFit as err:
+    print(err)
+"""
+
+
+def test_the_gram_memory_counts_every_seed_on_every_device():
+    """The method state's seed axis is replicated: 4 devices hold 4 seeds each, as 1 does."""
+    said = []
+    for devices in ("1", "4"):
+        done = subprocess.run(
+            [sys.executable, "-c", SEEDS_ON_DEVICES, devices],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        said.append(done.stdout.strip())
+    one, four = said
+    assert one.startswith("method.ranpac_m=10000 needs") and "\n" not in one, said
+    assert "4 seed(s) held" in one and "16 seed(s) held" in four
+    assert four.startswith("method.ranpac_m=10000 needs") and "\n" not in four, said
+
+
+def test_the_gram_memory_advice_is_accepted_and_counts_the_runs_own():
+    cfg = tiny_config(pathlib.Path("/nonexistent"), **{"method.name": "ranpac"})
+    cfg.method.ranpac_m = 10000
+    left = 2 * 2**30
+    (line,) = ranpac.RanPAC.memory_problems(cfg, left, "host memory", 1)
+    fits = int(line.split("set method.ranpac_m <= ")[1].split()[0])
+    assert fits == 8000 and "7 x M^2 float32" in line
+    cfg.method.ranpac_m = fits
+    assert ranpac.RanPAC.memory_problems(cfg, left, "host memory", 1) == []
+    cfg.method.ranpac_m = fits + 1000
+    assert ranpac.RanPAC.memory_problems(cfg, left, "host memory", 1)
+    cfg.method.ranpac_m = 100
+    (line,) = ranpac.RanPAC.memory_problems(cfg, 100, "host memory", 1)  # not one M
+    assert line.endswith("set method.ranpac_m=0 (no projection) (the reference's: 10000).")

@@ -126,6 +126,22 @@ def test_no_value_adds_a_path_level():
     assert odd.name.count("/") == 1 and "%2F" in odd.name
 
 
+def test_a_value_holding_the_names_syntax_is_not_a_second_pair():
+    """`+`, `=` and `,` in a field or value are escaped: a value `1+b=2` is not the pair b=2."""
+    (run,) = Grid("configs/demo.py", "method=lae,seed=0").runs()
+    one, two = run.folder((("a", "1+b=2"),)), run.folder((("a", "1"), ("b", "2")))
+    assert one != two and one.endswith("+a=1%2Bb%3D2")
+    sweep_side = run.folder((("data.name", "x+data.num_tasks=2"),))
+    assert sweep_side != run.folder((("data.name", "x"), ("data.num_tasks", "2")))
+    assert names.readable((("a,b", "c"),)) != names.readable((("a", "b,c"),))
+    # The run's own arguments: `,` and `+` in a value are neither another argument nor a pair.
+    args = [(("method", "lae"), ("x", "1,seed=0")), (("method", "lae,x=1"), ("seed", "0")),
+            (("method", "lae"), ("x", "1+y=2")), (("method", "lae"), ("x", "1"))]  # fmt: skip
+    folders = {Run("configs/demo.py", a).name for a in args[:3]}
+    folders |= {Run("configs/demo.py", args[3], (("y", "2"),)).name}
+    assert len(folders) == 4 and all(f.count("/") == 1 for f in folders)
+
+
 def test_results_of_digested_runs_and_programs_are_found_by_their_names(tmp_path):
     """layout finds a run's results in its own folder and in a vmapped program of its cell,
     for the override set it was run with only."""

@@ -24,7 +24,10 @@ whose attention scores alone cannot fit: every block materialises the scores of 
 `B x heads x T x T` values in the compute dtype (`T` tokens: patches + the class token), so one
 block's scores are a lower bound on a step's memory. A mistyped `model.image_size` (2044 for
 224) stops there within seconds. The method's own config-fixed memory is checked there too
-(`Method.memory_problems`: RanPAC's `method.ranpac_m`, whose Gram matrix is M^2 floats).
+(`Method.memory_problems`: RanPAC's `method.ranpac_m`, whose Gram matrix is M^2 floats) with
+every seed of the method state on every device that holds one (`seeds_held`) and the run's own
+memory (`OWN_BYTES`) beyond what the process holds then; `check_programs` checks it again once
+the run's data, model, programs and method state are in memory.
 
 `AEPG_FIT_CHECK=0` skips both (the programs then compile at their first call).
 """
@@ -57,6 +60,10 @@ from aepg_jax.system import host_memory
 
 ENV = "AEPG_FIT_CHECK"
 GIB = 2**30
+# What a run's peak RSS adds to the process's own before anything is built (its data, model,
+# programs and their runtime), beyond a method's own memory: 0.31-0.39 GiB measured with the
+# default config (BENCHMARKS.md); what a larger model adds is its programs' (`check_programs`).
+OWN_BYTES = GIB * 4 // 10
 
 
 class DoesNotFit(ValueError):
@@ -134,10 +141,37 @@ def check_config(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
                 f"model.image_size (and data.store_size), or lower {field} (`python -m "
                 f"aepg_jax.plan --max_batch` finds the largest; {ENV}=0 skips this check)."
             )
+    left, where = left - OWN_BYTES, f"{where} less the run's own {OWN_BYTES / GIB:.1f} GiB"
+    method_memory(cfg, left, where)
+
+
+def seeds_held(cfg: ml_collections.ConfigDict) -> int:
+    """Seeds of the method state in the memory `available` measures: the state's seed axis is
+    replicated, so every device holds every seed, and the host's memory holds each of its
+    (CPU) devices' copy."""
+    devices = jax.local_devices()
+    return cfg.num_seeds * (len(devices) if devices[0].platform == "cpu" else 1)
+
+
+def method_memory(cfg: ml_collections.ConfigDict, left: int, where: str) -> None:
+    """Raises `DoesNotFit` with the first of the method's `memory_problems` for `left`."""
     method = methods.get(cfg.method.name)
-    problems = method.memory_problems(cfg, left, where, -(-seeds // num_devices))
+    problems = method.memory_problems(cfg, left, where, seeds_held(cfg))
     if problems:
         raise DoesNotFit(f"{problems[0][:-1]} ({ENV}=0 skips this check).")
+
+
+def held_bytes(tree) -> int:
+    """Bytes of `tree`'s arrays in the memory `available` measures: on the CPU every local
+    shard (the host's), on accelerators the most one device holds."""
+    per_device: dict[jax.Device, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        for shard in getattr(leaf, "addressable_shards", ()):
+            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+    if not per_device:
+        return 0
+    on_cpu = next(iter(per_device)).platform == "cpu"
+    return sum(per_device.values()) if on_cpu else max(per_device.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,3 +297,8 @@ def check_programs(run: Run, programs: Programs, t: int, state: TrainState) -> N
             jitted.lower(*args).compile(), "eval.batch_size", cfg.eval.batch_size
         )
     check(checked)
+    # The method's own memory again, now that the run's data, model and programs are in memory
+    # (what `available` no longer counts) and its state is (what it counts again).
+    left, where = available()
+    if left is not None:
+        method_memory(cfg, left + held_bytes(state.method_state), where)

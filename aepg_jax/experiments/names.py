@@ -7,11 +7,13 @@ the values, each at most `MAX_BYTES` bytes:
               the run's    the grid's overrides  vmapped   the sweep's overrides that change
               arguments    (reference settings)  seeds     its result (`layout.Unit.changed`)
 
-(`defaults` when there is nothing to show). Text that could change the path is escaped as %XX:
-`%`, `/`, `\\`, NUL and the other control characters, and a whole `.` or `..`. A leaf longer than
-`MAX_BYTES` shows the grid's overrides as one `+overrides-<digest>` (the field's experiments
-carry 10-16 reference settings per run); still too long, the sweep's overrides join the digest;
-arguments longer still are cut and digested too. `<digest>` is the first `DIGEST_HEX` hex digits
+(`defaults` when there is nothing to show). Text that could change the path or be read as this
+syntax is escaped as %XX: `%`, `/`, `\\`, NUL and the other control characters, a whole `.` or
+`..`, and in every field and value `+`, `=` and `,` (a value `1+b=2` is `1%2Bb%3D2`, never a
+second pair). A leaf longer than `MAX_BYTES` shows the grid's overrides as one
+`+overrides-<digest>` (the field's experiments carry 10-16 reference settings per run); still
+too long, the sweep's overrides join the digest; arguments longer still are cut and digested
+too. `<digest>` is the first `DIGEST_HEX` hex digits
 of the sha256 of the digested pairs as JSON (`digest`); the pairs themselves are in the run's
 config.json (as the config's values) and under `digests` in the sweep's sweep.json. A leaf that
 fits keeps every override readable: names that fit are the same as before digests existed.
@@ -33,18 +35,32 @@ DIGEST_TAG = "overrides-"
 ARGS_KEY = ""  # the digested pairs' key of cut arguments
 
 
-def escape(text: str) -> str:
-    """`text` as part of one path component: `%`, `/`, `\\` and control characters as %XX; a
-    whole `.` or `..` as %2E."""
+PATH_CHARS = "%/\\"  # with the control characters: what could change the path
+SYNTAX_CHARS = "+=,"  # what separates the leaf's pairs and their fields from their values
+
+
+def escape(text: str, syntax: bool = False) -> str:
+    """`text` as part of one path component: `%`, `/`, `\\` and control characters (and with
+    `syntax`, `+`, `=` and `,`) as %XX; a whole `.` or `..` as %2E."""
+    special = PATH_CHARS + (SYNTAX_CHARS if syntax else "")
     out = "".join(
-        f"%{ord(c):02X}" if c in "%/\\" or ord(c) < 0x20 or ord(c) == 0x7F else c for c in text
+        f"%{ord(c):02X}" if c in special or ord(c) < 0x20 or ord(c) == 0x7F else c for c in text
     )
     return out.replace(".", "%2E") if out in (".", "..") else out
 
 
+def _pairs(pairs: Pairs, before: str, between: str) -> str:
+    return between.join(f"{before}{escape(k, True)}={escape(v, True)}" for k, v in pairs)
+
+
 def readable(pairs: Pairs) -> str:
     """`+<field>=<value>` per pair, escaped."""
-    return "".join(f"+{escape(k)}={escape(v)}" for k, v in pairs)
+    return _pairs(pairs, "+", "")
+
+
+def arguments(pairs: Pairs) -> str:
+    """`<key>=<value>,...` of a run's arguments, escaped."""
+    return _pairs(pairs, "", ",")
 
 
 def digest(pairs: Pairs) -> str:
@@ -68,12 +84,12 @@ def _cut(text: str, room: int) -> str:
 
 
 def leaf_and_digested(
-    args: str, grid: Pairs = (), changed: Pairs = (), seeds: str = ""
+    args: Pairs, grid: Pairs = (), changed: Pairs = (), seeds: str = ""
 ) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """(the leaf of a run with the argument text `args`, the grid's overrides `grid`, the
-    sweep's overrides `changed` and, for a vmapped program, `seeds` (`seeds=A-B`); the pairs
-    its `+overrides-<digest>` stands for, () when it has none)."""
-    head, grid, changed = escape(args), tuple(grid), tuple(changed)
+    """(the leaf of a run with the arguments `args`, the grid's overrides `grid`, the sweep's
+    overrides `changed` and, for a vmapped program, `seeds` (`seeds=A-B`); the pairs its
+    `+overrides-<digest>` stands for, () when it has none)."""
+    head, grid, changed = arguments(args), tuple(grid), tuple(changed)
 
     def join(base: str, after: str) -> str:
         if not base and not seeds:
@@ -89,13 +105,13 @@ def leaf_and_digested(
         if _fits(text):
             return text, digested
     # Arguments too long for any name: cut, and the digest covers them as well.
-    digested = ((ARGS_KEY, args), *grid, *changed)
+    digested = ((ARGS_KEY, head), *grid, *changed)
     tail = token(digested)
     room = MAX_BYTES - len(tail.encode()) - (len(seeds) + 1 if seeds else 0)
     return join(_cut(head, room) + tail, ""), digested
 
 
-def leaf(args: str, grid: Pairs = (), changed: Pairs = (), seeds: str = "") -> str:
+def leaf(args: Pairs, grid: Pairs = (), changed: Pairs = (), seeds: str = "") -> str:
     """The leaf (`leaf_and_digested`)."""
     return leaf_and_digested(args, grid, changed, seeds)[0]
 

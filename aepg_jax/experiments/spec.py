@@ -163,7 +163,7 @@ class Run:
         args = self.canonical_args()
         if seeds:
             args = tuple(kv for kv in args if kv[0] != SEED)
-        return names.leaf_and_digested(_arg_text(args), self.overrides, changed, seeds)
+        return names.leaf_and_digested(args, self.overrides, changed, seeds)
 
     def program_folder(self, first: int, last: int, changed: Sequence[tuple[str, str]] = ()) -> str:
         """The workdir of this run's cell's seeds `first..last` vmapped as one program."""
@@ -179,7 +179,7 @@ class Run:
     def cell_name(self) -> str:
         """The name of this run's cell (every seed): its folder's without the seed."""
         args = tuple(kv for kv in self.canonical_args() if kv[0] != SEED)
-        return f"{names.stem(self.stem)}/{names.leaf(_arg_text(args), self.overrides)}"
+        return f"{names.stem(self.stem)}/{names.leaf(args, self.overrides)}"
 
     def without_seed(self) -> tuple:
         """The identity of this run's cell: everything but the seed."""

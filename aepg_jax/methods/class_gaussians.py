@@ -272,11 +272,11 @@ def all_finite(tree: Any) -> jax.Array:
 @jax.jit
 def factorable(covariances: jax.Array) -> jax.Array:
     """(C,) True where `sample` can draw from class c: its covariance (D, D) has a finite
-    Cholesky factor in float32, or its variances (D,) a finite square root."""
+    Cholesky factor in float32 (`cholesky_factors`: one matrix per call, as the sampler's), or
+    its variances (D,) a finite square root."""
     if covariances.ndim == 2:
         return jnp.isfinite(jnp.sqrt(covariances)).all(axis=1)
-    chol = jnp.linalg.cholesky(covariances.astype(jnp.float32))
-    return jnp.isfinite(chol).all(axis=(1, 2))
+    return jnp.isfinite(cholesky_factors(covariances)).all(axis=(1, 2))
 
 
 def _host(x: jax.Array) -> np.ndarray:

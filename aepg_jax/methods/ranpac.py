@@ -46,9 +46,9 @@ reference (`inc_net.py` `CosineLinear.forward` with `use_RP`) multiplies them by
 trained in phase 1, a scale fitted to cosines, not to these outputs; its results read only the
 argmax. No calibration is reported (docs/algorithm.md §4).
 
-`method.ranpac_m` is refused before anything is built when G and its device solve (3 M^2
-float32 per seed) cannot fit the memory the fit check measures (`memory_problems`,
-`continual/fit.check_config`).
+`method.ranpac_m` is refused before anything is built when the run's peak with G and its
+copies (`PEAK_GRAMS` M^2 float32 per seed held, measured) cannot fit the memory the fit check
+measures (`memory_problems`, `continual/fit.check_config`).
 """
 
 from __future__ import annotations
@@ -218,34 +218,40 @@ class RanPAC(Method):
             return [f"method.ranpac_m={m!r} must be an integer >= 0 (0: no random projection)."]
         return []
 
+    # The peak RSS of a run grows by about PEAK_GRAMS x M^2 float32 per seed held beyond the
+    # process's own (`/usr/bin/time -v`, the default config, 2 tasks: BENCHMARKS.md): G in the
+    # state, the accumulation's input and output, the copies placed on the mesh and saved
+    # with the checkpoint, kept mapped by the heap (system/memory.py).
+    PEAK_GRAMS: ClassVar[int] = 7
+
     @classmethod
     def memory_problems(
         cls, cfg: ml_collections.ConfigDict, left: int, where: str, seeds: int
     ) -> list[str]:
-        """`method.ranpac_m` = M whose Gram matrix and ridge solve cannot fit: G, the device
-        solve's `G + lam I` and its factor are 3 M^2 float32 at once, the projection W and the
-        kept features 2 D M more, per seed (a lower bound: the statistics over classes come on
-        top)."""
+        """`method.ranpac_m` = M whose statistics cannot fit `left`: `PEAK_GRAMS` M^2 float32
+        and the projection W and the kept features (2 D M float32), per seed held (`seeds`:
+        every seed on every device that shares `left`)."""
         if cfg.method.name != cls.name:
             return []
         m = cfg.method.ranpac_m
         if not isinstance(m, int) or m <= 0:
             return []
         width = int(cfg.model.hidden_size)
+        a, b = 4.0 * seeds * cls.PEAK_GRAMS, 8.0 * seeds * width  # need(M) = a M^2 + b M
 
-        def need(k: int) -> int:
-            return seeds * 4 * (3 * k * k + 2 * width * k)
+        def need(k: int) -> float:
+            return a * k * k + b * k
 
         if need(m) <= left:
             return []
-        # The largest M with need(M) <= left: the positive root of 12 s M^2 + 8 s D M = left.
-        a, b = 12.0 * seeds, 8.0 * seeds * width
-        fits = int((-b + (b * b + 4 * a * left) ** 0.5) / (2 * a))
+        fits = int((-b + (b * b + 4 * a * max(left, 0)) ** 0.5) / (2 * a))  # need(fits) <= left
         fits = fits // 1000 * 1000 if fits >= 1000 else fits
+        set_m = f"method.ranpac_m <= {fits}" if fits else "method.ranpac_m=0 (no projection)"
         return [
-            f"method.ranpac_m={m} needs at least {need(m) / 2**30:,.1f} GiB for RanPAC's Gram "
-            f"matrix and its ridge solve (3 x M^2 float32, {seeds} seed(s)); the {where} is "
-            f"{left / 2**30:.1f} GiB; set method.ranpac_m <= {fits} (the reference's: 10000)."
+            f"method.ranpac_m={m} needs about {need(m) / 2**30:,.1f} GiB for RanPAC's Gram "
+            f"matrix, its copies and its ridge solve ({cls.PEAK_GRAMS} x M^2 float32 x {seeds} "
+            f"seed(s) held); the {where} is {left / 2**30:.1f} GiB; set {set_m} (the reference's: "
+            "10000)."
         ]
 
     def trains_task(self, task: int) -> bool:

@@ -11,11 +11,12 @@ sweep and the planner call it with `directory(...)`:
 - what: every program, the smallest included (no minimum compile time or entry size: the many
   small programs of a run start add up to seconds); the embedded default's take 0.6 MB;
 - size: at most `MAX_BYTES` (2 GiB), the least recently used entries evicted beyond it;
-- files: the project's own store (`system/xla_store.py`), not jax's: each entry carries a
-  sha256 of its content and is written to a temporary file renamed into place, so the
+- files: the project's own store (`system/xla_store.py`), not jax's: each entry carries its
+  key and a sha256 of both and is written to a temporary file renamed into place, so the
   processes of one run, the workers of a sweep and separate runs may share one directory
   without a lock (in a multi-process run only process 0 writes, jax's rule; every process
-  reads), and a damaged entry (truncated, overwritten) is a miss that the run writes again;
+  reads), and a damaged entry (truncated, overwritten) or one filed under another program's
+  key is a miss that the run writes again;
 - problems: each is one `warning:` line on stderr (from process 0 of a launched run) and the
   run goes on: a path that is a file or cannot be created (no cache), a read-only directory
   (read, not written), a full disk (no more writes), a damaged entry (compiled and rewritten).

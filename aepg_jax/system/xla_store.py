@@ -3,28 +3,37 @@ atomically, read back only when whole (`system/xla_cache.py` hands this store to
 
 An entry is `<key>.xla` in the cache directory:
 
-    bytes 0-7    MAGIC ("aepgxla1")
-    bytes 8-15   n, the payload's length (big-endian)
-    bytes 16-47  sha256(payload)
-    bytes 48-    payload: what jax stores (its compressed executable and compile time)
+    bytes 0-7    MAGIC ("aepgxla2")
+    bytes 8-15   k, the key's length (big-endian)
+    bytes 16-23  n, the payload's length
+    bytes 24-55  sha256(k, key, payload)
+    bytes 56-    key (k bytes, UTF-8), then payload: what jax stores (its compressed executable
+                 and compile time)
+
+The key inside the checksummed entry binds it to the program it was compiled for: a whole
+entry under another name (copied, renamed or swapped by a sync tool or a hand) is not read as
+this program.
 
 - write: the entry goes to a hidden temporary file (`.<pid>-<random>.tmp`) in the same
   directory, which is then renamed onto `<key>.xla` (`os.replace`, atomic on one file system):
   a reader sees the old entry, the new one or none, never part of one, and processes writing
   the same program at once leave one whole entry. No lock is taken, so a directory that cannot
   be written can still be read.
-- read: an entry whose magic, length or checksum does not match (truncated, overwritten) is
-  damaged: it is a miss, the file is removed (unless another process has already replaced it)
-  and the program is compiled and written again; the first damaged entry is reported in one
-  line per process.
+- read: an entry whose magic, lengths or checksum do not match (truncated, overwritten) is
+  damaged, and a whole entry whose key is not its file's is another program's: either is a
+  miss, the file is removed (unless another process has already replaced it) and the program
+  is compiled and written again; the first of each kind is reported in one line per process.
+  An entry of the store's earlier format (`aepgxla1`, no key) is a silent miss, replaced by
+  the program's new entry.
 - size: at most `max_bytes`; beyond it the entries least recently used (modified: a read
   touches its entry) are removed. Temporary files older than `STALE_TMP_S` (left by a killed
   writer) are removed too. Files the store does not name (jax's own `*-cache` entries,
   other files) are never touched.
-- problems: a path that is a file or cannot be created makes `Store.open` return None (one
-  line; the run compiles without the cache); a directory that cannot be written (read-only
-  file system or permissions) is read, never written (one line); a write that fails (a full
-  disk, a quota, ...) stops this process's writes (one line naming the cause), reads go on.
+- problems: a path that is a file, a link to nothing (or below one) or cannot be created
+  makes `Store.open` return None (one line; the run compiles without the cache); a directory
+  that cannot be written (read-only file system or permissions) is read, never written (one
+  line); a write that fails (a full disk, a quota, ...) stops this process's writes (one line
+  naming the cause), reads go on.
 
 `say(message)` receives each of these lines; nothing here raises for a damaged or unusable
 cache, so jax's own warnings for failed reads and writes never fire.
@@ -41,8 +50,9 @@ import struct
 import time
 from collections.abc import Callable
 
-MAGIC = b"aepgxla1"
-HEADER = struct.Struct(">8sQ32s")  # magic, payload length, sha256 of the payload
+MAGIC = b"aepgxla2"
+EARLIER = (b"aepgxla1",)  # the store's earlier formats: replaced without a line
+HEADER = struct.Struct(">8sQQ32s")  # magic, key length, payload length, sha256
 SUFFIX = ".xla"
 TMP_SUFFIX = ".tmp"
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
@@ -50,20 +60,31 @@ READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def pack(payload: bytes) -> bytes:
-    """The entry of `payload`: header (magic, length, sha256) + payload."""
-    return HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
+def _digest(key: bytes, payload: bytes) -> bytes:
+    return hashlib.sha256(struct.pack(">Q", len(key)) + key + payload).digest()
 
 
-def unpack(entry: bytes) -> bytes | None:
-    """The payload of a whole entry, None for a damaged one (truncated, overwritten)."""
+def pack(key: str, payload: bytes) -> bytes:
+    """The entry of `payload` compiled for `key`: header (magic, lengths, sha256) + key +
+    payload."""
+    k = key.encode()
+    return HEADER.pack(MAGIC, len(k), len(payload), _digest(k, payload)) + k + payload
+
+
+def unpack(entry: bytes) -> tuple[str, bytes] | None:
+    """(key, payload) of a whole entry, None for a damaged one (truncated, overwritten)."""
     if len(entry) < HEADER.size:
         return None
-    magic, length, digest = HEADER.unpack_from(entry)
-    payload = entry[HEADER.size :]
-    if magic != MAGIC or length != len(payload) or hashlib.sha256(payload).digest() != digest:
+    magic, k, n, digest = HEADER.unpack_from(entry)
+    if magic != MAGIC or HEADER.size + k + n != len(entry):
         return None
-    return payload
+    key, payload = entry[HEADER.size : HEADER.size + k], entry[HEADER.size + k :]
+    if _digest(key, payload) != digest:
+        return None
+    try:
+        return key.decode(), payload
+    except UnicodeDecodeError:
+        return None
 
 
 class Store:
@@ -85,6 +106,7 @@ class Store:
         self.writable = writable
         self.hint = hint  # what the user can do, appended to the lines about the directory
         self.damaged = 0  # damaged entries met by this process
+        self.foreign = 0  # whole entries under another program's key met by this process
         self._said: set[str] = set()
 
     @classmethod
@@ -96,6 +118,13 @@ class Store:
         the user can do instead, appended to every line."""
         path = os.path.abspath(path)
         off = "running without the persistent compilation cache"
+        link = _dangling_link(path)
+        if link is not None:
+            say(
+                f"compilation cache {path}: {link} is a link to {os.readlink(link)}, which does "
+                f"not exist (a disk not mounted?): {off}{hint}"
+            )
+            return None
         try:
             os.makedirs(path, exist_ok=True)
         except FileExistsError:
@@ -119,7 +148,8 @@ class Store:
     # --- jax's interface ---------------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
-        """The payload stored for `key`; None when there is none or it is damaged."""
+        """The payload stored for `key`; None when there is none, it is damaged or it is
+        another key's."""
         file = self._file(key)
         try:
             with open(file, "rb") as f:
@@ -134,15 +164,29 @@ class Store:
                 "its program is compiled instead",
             )
             return None
-        payload = unpack(entry)
-        if payload is None:
+        unpacked = unpack(entry)
+        if unpacked is None and entry[: len(MAGIC)] in EARLIER:
+            return None  # put replaces it
+        again = "written again" if self.writable else "not written (read-only)"
+        name = os.path.basename(file)
+        if unpacked is None:
             self.damaged += 1
             self._drop(file, inode)
-            again = "written again" if self.writable else "not written (read-only)"
             self._once(
                 "damaged",
-                f"compilation cache {self.path}: damaged entry {os.path.basename(file)} "
-                f"(truncated or overwritten) dropped; damaged entries are compiled and {again}",
+                f"compilation cache {self.path}: damaged entry {name} (truncated or "
+                f"overwritten) dropped; damaged entries are compiled and {again}",
+            )
+            return None
+        stored, payload = unpacked
+        if stored != key:
+            self.foreign += 1
+            self._drop(file, inode)
+            self._once(
+                "foreign",
+                f"compilation cache {self.path}: entry {name} holds another program "
+                f"({stored}: copied or renamed) and was dropped; such entries are compiled "
+                f"and {again}",
             )
             return None
         if self.writable:
@@ -157,7 +201,7 @@ class Store:
         and ends this process's writes."""
         if not self.writable:
             return
-        entry = pack(value)
+        entry = pack(key, value)
         if len(entry) > self.max_bytes:
             return
         self._evict(len(entry))
@@ -192,7 +236,8 @@ class Store:
             raise
 
     def _drop(self, file: str, inode: int) -> None:
-        """Removes the damaged `file` unless another process has replaced it since it was read."""
+        """Removes the damaged or foreign `file` unless another process has replaced it since
+        it was read."""
         if not self.writable:
             return
         try:
@@ -256,6 +301,16 @@ class Store:
             f"compilation cache {self.path}: {cause} ({_cause(err)}): the run goes on without "
             f"writing to it{self.hint}",
         )
+
+
+def _dangling_link(path: str) -> str | None:
+    """`path` or the first directory above it that is a symbolic link to nothing, if any."""
+    parts = path.split(os.sep)
+    for i in range(2, len(parts) + 1):
+        here = os.sep.join(parts[:i])
+        if os.path.islink(here) and not os.path.exists(here):
+            return here
+    return None
 
 
 def _cause(err: OSError) -> str:
