@@ -62,10 +62,11 @@ def mean_std(curves: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]
     length = min(len(c) for c in curves)
     stack = np.array([np.asarray(c, float)[:length] for c in curves], float).reshape(-1, length)
     count = np.isfinite(stack).sum(0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.nanmean(stack, 0) if stack.size else np.zeros(length)
-        std = np.where(count > 1, np.nanstd(stack, 0, ddof=1), 0.0) if stack.size else mean
-    return mean, np.nan_to_num(std)
+    mean, std = np.full(length, np.nan), np.zeros(length)
+    seen, two = count > 0, count > 1
+    mean[seen] = np.nanmean(stack[:, seen], 0)
+    std[two] = np.nanstd(stack[:, two], 0, ddof=1)
+    return mean, std
 
 
 def values_of(results: Mapping[str, Any], key: str) -> np.ndarray:
@@ -533,7 +534,7 @@ def svg_text(fig: Figure, cls: str, styles: dict[str, str] | None = None) -> str
     text = _ID.sub(lambda m: m[0] if m[1] in used or m[1].startswith("tip:") else "", text)
     if styles is not None:
         text = _STYLE.sub(lambda m: f'class="{styles.setdefault(m[1], f"s{len(styles)}")}"', text)
-    text = re.sub(r">\s+<", "><", text)
+    text = re.sub(r">\s+<", "><", text.strip())
     return _GID.sub(lambda m: f'<g class="tip"><title>{_escape(tips[m[1]])}</title>', text)
 
 
