@@ -263,7 +263,7 @@ def plot_run(
         draw_accuracy_matrix(top[0], accuracy_pct, f"accuracy (%), {primary}", colorbar=False)
     else:
         top[0].set_visible(False)
-    if reliability and (reliability[0] or not_drawn):
+    if reliability and reliability[0]:
         draw_reliability(top[1], reliability[0], f"reliability after task {reliability[1]}",
                          not_drawn)  # fmt: skip
     else:

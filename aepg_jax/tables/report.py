@@ -239,9 +239,9 @@ def forest_chart(block: Block, styles: dict[str, str], caption: str) -> str | No
                         for d, s in zip(p.diffs, seeds, strict=True)] if seeds else [
                         (d, f"{r.label} · {col.label}: {d:+.2f}") for d in p.diffs]  # fmt: skip
             lo, hi = p.interval or (None, None)
-            tip = f"{r.label} · {col.label} · {seeds_text(seeds) if seeds else f'{p.n} pairs'}"
-            dots.append(plots.Dot(r.label, p.mean, lo, hi, plots.loss_color(loss),
-                                  f"{tip}: {p.text()}", per_seed))  # fmt: skip
+            which = seeds_text(seeds) if seeds else f"{p.n} pairs"
+            tip = f"{r.label} · {col.label}: {p.text()} ({which})"
+            dots.append(plots.Dot(r.label, p.mean, lo, hi, plots.loss_color(loss), tip, per_seed))
         if dots:
             panels[col.label] = dots
     legend = [(f"{_loss_name(lo)} - CE: mean over seeds, 95% CI (small dots: each seed)",
