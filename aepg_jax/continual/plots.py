@@ -212,6 +212,7 @@ def plot_training_curves(
     )
     for ax, (key, ylabel) in zip(np.atleast_1d(axes), keys, strict=True):
         draw_curve(ax, records, key, ylabel)
+        ax.label_outer()  # one x label, under the last panel
     np.atleast_1d(axes)[0].set_title(wrap(title, 80))
     return _done(fig, path)
 
