@@ -106,3 +106,14 @@ def test_every_predictor_of_the_reliability_diagram_shows(tmp_path):
     texts = re.findall(r">([^<>]+)</text>", chart)
     assert "online (ECE" in " ".join(texts) and "offline (ECE" in " ".join(texts)
     assert "ensemble: scores, not" in texts and "probabilities, not drawn" in texts
+
+
+def test_a_column_that_selects_no_run_is_counted_not_shown(tmp_path):
+    table = UNPUBLISHED.tables[0]
+    narrow = Table(table.title, table.rows[:2], [*table.columns, Column("A_9", {"seed": 9}, "A_T")])
+    experiment = Experiment(UNPUBLISHED.name, UNPUBLISHED.title, UNPUBLISHED.grids, [narrow])
+    for run in experiment.runs():
+        write_run(tmp_path / run.name, tables._configs(run, ())[0], run.seed, 0.6)
+    text = tables.report_page(str(tmp_path), experiment, tables.View(), set())
+    assert "<th>A_5</th>" in text and "<th>A_9</th>" not in text
+    assert "1 column (A_9): no run selected, not shown." in text

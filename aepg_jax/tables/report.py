@@ -253,21 +253,22 @@ def forest_chart(block: Block, styles: dict[str, str], caption: str) -> str | No
 
 
 def paired_html(table: Table, rows: Sequence[paired.PairedRow], caption: str) -> str:
-    """The paired differences of `table` (`paired.py`) as a table, one line per pair that
-    selects a run, one column per table column; "" when no two rows differ only in their
+    """The paired differences of `table` (`paired.py`) as a table, one line per pair and one
+    column per table column that selects a run; "" when no two rows differ only in their
     loss."""
     rows = [r for r in rows if any(p.expected for p in r.columns)]
     if not rows:
         return ""
     name = paired.title(table)
-    head = "".join(f"<th>{esc(c.label)}</th>" for c in table.columns)
+    cols = [k for k in range(len(table.columns)) if any(r.columns[k].expected for r in rows)]
+    head = "".join(f"<th>{esc(table.columns[k].label)}</th>" for k in cols)
     lines = [
         f'<h4 class="paired">{esc(name)}: {esc(caption)}</h4>',
         '<div class="scroll"><table class="paired">',
         f"<thead><tr><th></th>{head}</tr></thead><tbody>",
     ]
     for r in rows:
-        cells = "".join(f"<td>{esc(p.text())}</td>" for p in r.columns)
+        cells = "".join(f"<td>{esc(r.columns[k].text())}</td>" for k in cols)
         lines.append(f"<tr><td>{esc(r.label)}</td>{cells}</tr>")
     lines += ["</tbody></table></div>", f'<p class="legend">{esc(paired.LEGEND)}</p>']
     return "\n".join(lines)
