@@ -398,7 +398,7 @@ def test_tables_show_the_runs_of_the_sweeps_overrides_and_name_a_damaged_one(fak
     capsys.readouterr()
     assert tables.main([str(root), "--no_plots", "--where=loss=ce"]) == 0
     out, err_text = capsys.readouterr()
-    assert "| CE | 10.5 ± 0.7 (n=2) |" in out and "| aEPG | — (no run selected) |" in out
+    assert "| CE | 10.5 ± 0.7 (n=2) |" in out and "1 row (aEPG): no run selected" in out
     assert err_text == "note: these tables show the runs of --config.optim.epochs=3.\n"
     # The experiment's own runs: none ran.
     assert tables.main([str(root), "--no_plots", "--where=loss=ce", "--no_overrides"]) == 1

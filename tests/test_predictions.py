@@ -118,8 +118,31 @@ def _refused(argv, capsys) -> str:
 def test_evaluate_writes_evaluation_json_of_an_intact_finished_run(tmp_path, capsys):
     _run(tmp_path)
     assert evaluate.main([str(tmp_path)]) == 0
-    assert "equal to results.json" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "equal to results.json" in out
     assert (tmp_path / evaluate.OUT_FILE).is_file()
+    # what it computed beyond results.json, in short form (the values of AFTER_1)
+    assert (
+        "  model: per-class accuracy after task 2 (4 classes, %): mean 50.0, min 0.0, max 100.0; "
+        "lowest 0: 0.0, 2: 0.0, 1: 100.0"
+    ) in out
+    confusion = [line for line in out.splitlines() if line.startswith("  model: confusion, ")]
+    assert confusion == [
+        "  model: confusion, old tasks' examples as the new task's classes (%, after task t): "
+        "2: 50.0",
+        "  model: confusion, new task's examples as an old task's class (%, after task t): 2: 50.0",
+    ]
+
+
+def test_evaluate_of_a_sweeps_directory_names_its_run_folders(tmp_path, capsys):
+    for name in ("demo/loss=ce,seed=0", "demo/loss=aepg,seed=0"):
+        (tmp_path / name).mkdir(parents=True)
+        _run(tmp_path / name)
+    (tmp_path / "sweep.json").write_text("{}")
+    line = _refused([str(tmp_path)], capsys)
+    assert f"{tmp_path} is a sweep's directory, not a run's" in line
+    assert "2 run folders (demo/loss=aepg,seed=0, demo/loss=ce,seed=0)" in line
+    assert f"python -m aepg_jax.evaluate {tmp_path}/demo/loss=aepg,seed=0" in line
 
 
 def _truncate(path):

@@ -3,20 +3,24 @@
 Fast: a fake sweep of four runs (CE and aEPG, two seeds; one aEPG seed not run) whose run
 folders are written by hand as the trainer writes them (config.json, metrics.jsonl,
 predictions.npz, and results.json recomputed from those predictions as `aepg_jax.evaluate`
-does), parsed with `html.parser`: the table with ours beside the paper's and its (!) mark, one
-heatmap, curve set and reliability diagram per finished run, the CE / aEPG A_t chart, the config
-differences within a cell, nothing external, a bounded size.
+does), parsed with `html.parser`: the paired forest plot first, the table with ours beside the
+paper's and its (!) mark, one chart per finished run, the CE / aEPG A_t chart, the config
+differences within a cell, nothing external, a bounded size. A fake `field_claims` sweep of SLCA
+(CE and aEPG, 3 seeds): the forest plot first, the title saying 3 seeds, the rows without runs
+counted in one line, every row label whole, CE and aEPG in two colours named in a legend.
 
 Slow: two real runs of the demo sweep, the page rendered in headless Chromium (Debian's
 `chromium`, `bash scripts/install.sh browser` installs it): the rendered DOM holds the tables
-and both heatmaps, and a screenshot is not blank.
+and both runs' charts, and a screenshot is not blank.
 """
 
 from __future__ import annotations
 
+import html
 import html.parser
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -26,10 +30,11 @@ import numpy as np
 import pytest
 
 from aepg_jax import metrics
+from aepg_jax.continual import plots
 from aepg_jax.evaluate import evaluate
-from aepg_jax.experiments import Column, Experiment, Grid, Row, Table
+from aepg_jax.experiments import Column, Experiment, Grid, Row, Table, registry
 from aepg_jax.runs import predictions
-from aepg_jax.tables import svg, tables
+from aepg_jax.tables import tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TASKS, CLASSES_PER_TASK, PER_TASK = 5, 2, 12
@@ -175,6 +180,9 @@ def test_the_report_of_a_fake_sweep(fake_sweep):
     text = tables.report_page(str(root), EXPERIMENT, tables.View(), warnings)
     page = Collector()
     page.feed(text)
+    # aEPG - CE paired by seed comes first: its forest plot before any table
+    assert text.index('<svg class="chart forest"') < text.index('<table class="results"')
+    assert "<h1>Fake report · 2 seeds</h1>" in text
     # the table: ours beside the paper's, Δ flagged where |Δ| > max(1, 2 x paper ±)
     assert page.count("table", "results") == 1
     ce = [r["A_T"] for n, r in results.items() if "loss=ce" in n]
@@ -187,16 +195,17 @@ def test_the_report_of_a_fake_sweep(fake_sweep):
     aepg = results["demo/loss=aepg,method=plain,seed=0"]["A_T"]
     assert page.cells[page.cells.index("LoRA + aEPG") + 1] == f"{aepg:.1f} (1/2 done)"
     assert any("have runs without results" in w for w in warnings)
-    # per finished run: one heatmap, its curves (aEPG's with alpha), one reliability diagram
+    # per finished run one chart: its heatmap, reliability diagram and curves (alpha for aEPG)
     assert page.count("details", "run") == 4
-    assert page.count("svg", "heatmap") == 3
-    assert page.count("svg", "reliability") == 3
-    assert page.count("svg", "curve") == 2 + 2 + 3  # loss, entropy (+ alpha for aEPG)
-    assert page.count("rect") >= 3 * (TASKS * (TASKS + 1) // 2)  # the heatmaps' cells
-    # aEPG beside CE: one chart of A_t with both losses; ours beside paper per column
+    assert page.count("svg", "run") == 3
+    assert text.count(">alpha (weight of CE)</text>") == 1
+    assert text.count(">reliability after task 5</text>") == 3
+    # aEPG beside CE: one chart of A_t with both losses; ours beside paper
     assert page.count("svg", "loss-comparison") == 1
-    assert page.count("svg", "comparison") == 2
-    assert "LoRA (n=2)" in text and "LoRA + aEPG (n=1)" in text
+    assert page.count("svg", "comparison") == 1
+    assert "LoRA (CE; seeds 0, 1)" in text and "LoRA + aEPG (aEPG; seed 0)" in text
+    # hover: a point names its row, column, loss and seeds
+    assert "<title>LoRA · A_5 · CE · seeds 0, 1: " in text
     # the config differences within the CE cell: the seed, each run's and the other's
     assert page.count("table", "config-diff") == 2
     assert "<code>seed</code></td><td" in text
@@ -205,6 +214,63 @@ def test_the_report_of_a_fake_sweep(fake_sweep):
     refs = [a.get(k) or "" for _, a in page.tags for k in ("src", "href")]
     assert not any("//" in r for r in refs), refs
     assert 20_000 < len(text.encode()) < 300_000, len(text.encode())
+
+
+SLCA = "method=slca,head_init=trunc_normal"
+
+
+@pytest.fixture(scope="module")
+def claims_page(tmp_path_factory) -> str:
+    """The page of a fake `field_claims` sweep of SLCA with its official heads, CE and aEPG,
+    seeds 0-2 (as three sweeps `--where=...,seed=s` record it)."""
+    root = tmp_path_factory.mktemp("claims")
+    experiment = registry.get("field_claims")
+    wheres = tuple(f"{SLCA},seed={s}" for s in range(3))
+    view = tables.View((), wheres, recorded=True)
+    for run in experiment.runs():
+        if view.selects(run):
+            skill = 0.8 if run.value("loss") == "aepg" else 0.5
+            write_run(root / run.name, tables._configs(run, ())[0], run.seed, skill)
+    return tables.report_page(str(root), experiment, view, set())
+
+
+def _texts(svg_text: str) -> list[str]:
+    """The text nodes of an SVG (a wrapped label: one per line)."""
+    return [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg_text)]
+
+
+def test_the_page_of_a_field_claims_sweep_answers_ce_against_aepg(claims_page):
+    text = claims_page
+    title = re.search(r"<h1>(.*?)</h1>", text)[1]
+    assert "3 seeds" in title
+    # the forest plot is the page's first chart, and comes before the tables
+    first = re.search(r'<svg class="([^"]*)"', text)[1]
+    assert first == "chart forest" and text.index(first) < text.index('id="tables"')
+    # only the rows that ran, the others counted in one line
+    page = Collector()
+    page.feed(text)
+    rows = ["SLCA (official heads: trunc_normal)", "SLCA (official heads: trunc_normal) + aEPG"]
+    labels = [c for c in page.cells if c.startswith(("SLCA", "LoRA", "LAE"))]
+    assert labels == ["SLCA (official heads: trunc_normal): aEPG - CE", *rows]
+    assert "— (no run selected)" not in text
+    others = len(registry.get("field_claims").tables[0].rows) - 2
+    assert f"{others} rows (LoRA (official heads: normal), " in text
+    # every row label whole in the charts (wrapped onto lines, never cut)
+    pair = "SLCA (official heads: trunc_normal): aEPG - CE"
+    for cls, labels in (("forest", [pair]), ("comparison", rows)):
+        (chart,) = re.findall(rf'<svg class="chart {cls}".*?</svg>', text, re.S)
+        texts = _texts(chart)
+        assert "…" not in "".join(texts)
+        for label in labels:
+            lines = plots.wrap(label).split("\n")
+            assert len(lines) > 1 and all(line in texts for line in lines), (label, texts)
+    # CE and aEPG in two colours, named in the comparison chart's legend
+    (chart,) = re.findall(r'<svg class="chart comparison".*?</svg>', text, re.S)
+    assert "ours, CE: mean ± std over seeds" in _texts(chart)
+    assert "ours, aEPG: mean ± std over seeds" in _texts(chart)
+    ce, aepg = plots.loss_color("ce"), plots.loss_color("aepg")
+    assert ce != aepg and ce in text and aepg in text
+    assert "SLCA (official heads: trunc_normal) + aEPG · A_5 · aEPG · seeds 0, 1, 2" in text
 
 
 def test_the_tables_cli_writes_the_page(fake_sweep, tmp_path, capsys):
@@ -217,7 +283,7 @@ def test_the_tables_cli_writes_the_page(fake_sweep, tmp_path, capsys):
     assert f"wrote {out}" in err and "warning:" in err
     page = Collector()
     page.feed(out.read_text())
-    assert page.count("svg", "heatmap") == 3
+    assert page.count("svg", "run") == 3
     bad = tmp_path / "missing" / "report.html"
     with pytest.raises(SystemExit):
         tables.main([*argv[:2], f"--html={bad}", "--no_plots"])
@@ -283,7 +349,7 @@ def test_demo_report_renders_in_headless_chromium(tmp_path):
     rendered = Collector()
     rendered.feed(dom)
     assert rendered.count("table", "results") == 1
-    assert rendered.count("svg", "heatmap") == 2
+    assert rendered.count("svg", "run") == 2
     assert rendered.count("svg", "loss-comparison") == 1
     assert rendered.count("details", "run") == 2
     assert any("LoRA + aEPG" in c for c in rendered.cells)
@@ -294,9 +360,27 @@ def test_demo_report_renders_in_headless_chromium(tmp_path):
     assert pixels[..., :3].std() > 0.05  # not blank
 
 
-def test_chart_ticks_and_colours():
-    assert svg.ticks(10.3, 95.2) == [20, 40, 60, 80]
-    assert svg.ticks(0.0, 1.0) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    assert svg.ticks(1.0, 5.0) == [1, 2, 3, 4, 5]
-    assert (svg.viridis(0.0), svg.viridis(1.0)) == ("#440154", "#fde725")
-    assert svg.esc('<a href="x">') == "&lt;a href=&quot;x&quot;&gt;"
+def test_an_inline_chart_is_self_contained_and_names_its_points():
+    fig = plots.plot_bands(
+        {
+            "panel": [
+                plots.Band(
+                    "CE",
+                    [1, 2],
+                    [50.0, 40.0],
+                    [1.0, 2.0],
+                    plots.loss_color("ce"),
+                    "A_t: CE (seeds 0, 1)",
+                )
+            ]
+        },
+        xlabel="after task t",
+        ylabel="A_t (%)",
+    )
+    styles: dict[str, str] = {}
+    chart = plots.svg_text(fig, "chart bands", styles)
+    assert chart.startswith('<svg class="chart bands" role="img"') and chart.endswith("</svg>")
+    assert "http" not in chart and "<metadata" not in chart and "style=" not in chart
+    assert "<title>A_t: CE (seeds 0, 1)</title>" in chart
+    assert plots.loss_color("ce") in plots.style_sheet(styles)
+    assert "after task t" in _texts(chart) and "A_t (%)" in _texts(chart)

@@ -292,6 +292,8 @@ def summary_lines(directory: str, out: Mapping[str, Any]) -> list[str]:
             f"  {p:<14}{_fmt(m['A_T'])} {_fmt(m['avg_inc_acc'])} {_fmt(top5)} {_fmt(m['bwt'])}"
             + calibration
         )
+    for p, more in out["beyond"].items():
+        lines += [f"  {p}: {line}" for line in beyond_lines(more, out["methods"][p])]
     diff = out.get("differs_from_results")
     if diff is None:
         lines.append("  no results.json to compare with")
@@ -300,6 +302,40 @@ def summary_lines(directory: str, out: Mapping[str, Any]) -> list[str]:
     else:
         lines.append("  equal to results.json (every accuracy, forgetting and calibration figure)")
     return lines
+
+
+def beyond_lines(more: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
+    """`beyond`'s per-class accuracy (its range and the three lowest classes) and confusion
+    between tasks (per task t >= 2) of one predictor, in short form."""
+    n = summary["tasks_evaluated"]
+    per_class = {c: v for c, v in enumerate(more["per_class_accuracy"]) if v is not None}
+    lines = []
+    if per_class:
+        low = sorted(per_class, key=lambda c: (per_class[c], c))
+        worst = ", ".join(f"{c}: {per_class[c]:.1f}" for c in low[:3])
+        lines.append(
+            f"per-class accuracy after task {n} ({len(per_class)} classes, %): mean "
+            f"{np.mean(list(per_class.values())):.1f}, min {per_class[low[0]]:.1f}, max "
+            f"{per_class[low[-1]]:.1f}; lowest {worst}"
+        )
+    for key, words in (("old_to_new", "old tasks' examples as the new task's classes"),
+                       ("new_to_old", "new task's examples as an old task's class")):  # fmt: skip
+        values = [(t + 1, v) for t, v in enumerate(more.get(key) or []) if v is not None]
+        if values:
+            text = ", ".join(f"{t}: {v:.1f}" for t, v in values)
+            lines.append(f"confusion, {words} (%, after task t): {text}")
+    return lines
+
+
+def sweep_runs(directory: str) -> list[str]:
+    """The run folders under `directory` (relative paths, sorted): folders holding a run's
+    results or kept predictions (a vmapped run's `seed_<s>` folders are its own)."""
+    out = []
+    for here, subdirs, _ in os.walk(directory):
+        if _holds_a_run(here) or seed_directories(here):
+            out.append(os.path.relpath(here, directory))
+            subdirs.clear()
+    return sorted(out)
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -337,6 +373,13 @@ def main(argv: Sequence[str]) -> int:
     holder = lock.running(run_dir)
     held = f"{args.workdir} is in use by a live process ({holder.describe()})" if holder else ""
     directories = seed_directories(args.workdir)
+    runs = [] if directories or holder else sweep_runs(args.workdir)
+    if runs:
+        cli.fail(
+            f"{args.workdir} is a sweep's directory, not a run's: evaluate one of its "
+            f"{len(runs)} run folders ({', '.join(runs)}), e.g. "
+            f"python -m aepg_jax.evaluate {os.path.join(args.workdir, runs[0])}"
+        )
     if not directories:
         cli.fail(
             f"{held}: run not finished, no task evaluated yet; evaluate it once it has finished."

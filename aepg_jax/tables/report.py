@@ -1,51 +1,53 @@
 """A sweep's report as one self-contained HTML page (`python -m aepg_jax.tables DIR --html=FILE`).
 
-The page opens offline: inline CSS, charts as inline SVG (`svg.py`), no script, nothing fetched.
-This module draws; `tables.report_page` gathers what it draws (the tables' cells, the runs'
-folders and results) for the runs the tables show (`tables.View`). The page holds:
+The page opens offline: inline CSS, charts as inline SVG drawn by matplotlib
+(`continual/plots.py`, the module that draws every figure), no script, nothing fetched. This
+module lays the page out; `tables.report_page` gathers what it shows (the tables' cells, the
+runs' folders and results) for the runs the tables show (`tables.View`). Its title and captions
+say what the sweep holds (the seeds that ran, not those planned). Each loss has one colour on
+every chart (`plots.loss_color`), named in the legends; a point's tooltip names its row, loss
+and seeds. The page holds, in order:
 
-    * every table of the experiment as `tables.py` computes it: ours (mean ± sample std over
-      the finished seeds, `k/n done`), the paper's number, Δ = ours - paper and the (!) mark,
-      and beside it a dot chart per column of ours (± std) against the paper (± as printed);
-      ours alone (no paper columns, charts or legend) for a table with no published number,
-      and only the rows with a result or a published number in the charts;
-    * aEPG beside CE: wherever cells of a table differ only in their `loss`, one chart of their
-      incremental accuracy A_t after each task, the mean over seeds with a ± std band;
     * aEPG against CE, paired by seed (`paired.py`): wherever rows differ only in their loss,
-      the paired differences as a table and a forest plot per metric (zero marked);
+      a forest plot per table (one panel per column: the mean difference over seeds, its 95%
+      interval and each seed's difference, zero marked) and the differences as a table;
+    * every table of the experiment as `tables.py` computes it, with only the rows and columns
+      that select a run (the others counted in one line): ours (mean ± sample std over the
+      finished seeds, `k/n done`), the paper's number, Δ = ours - paper and the (!) mark (ours
+      alone for a table with no published number); beside it a dot chart of ours (± std) and
+      the paper's (±) per column, and, wherever cells differ only in their loss, their A_t
+      after each task (mean ± std band over seeds);
     * per run (a collapsible `<details>`, grouped by cell, i.e. the runs that differ only in
-      their seed): its accuracy matrix as a heatmap, its loss / alpha / entropy curves over the
-      global step (metrics.jsonl; task boundaries dashed; the train entropy over the task's
-      classes, the test entropy over every seen class), its reliability diagram after the
-      last task (predictions.npz, 15 equal-width bins; the first predictor solid, the others
-      dashed over it) with ECE, NLL and test entropy per predictor (results.json; "scores, not
-      probabilities" and no line for a predictor whose outputs are not a probability model's,
-      docs/algorithm.md §4, named as not drawn), and the config
-      fields in which it differs from its cell's other runs (`runs/identity.differences`).
+      their seed): its accuracy matrix, reliability diagram after the last task
+      (predictions.npz, 15 equal-width bins) and loss / entropy / alpha curves over the global
+      step (metrics.jsonl; task boundaries dashed) on one chart, ECE, NLL and test entropy per
+      predictor ("scores, not probabilities" for a predictor whose outputs are not a
+      probability model's, docs/algorithm.md §4), and the config fields in which it differs
+      from its cell's other runs (`runs/identity.differences`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import html
 import itertools
 import math
 import pathlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from aepg_jax import metrics
+from aepg_jax.continual import plots
 from aepg_jax.experiments import Experiment, Run, Table
-from aepg_jax.runs import identity, predictions, records
-from aepg_jax.tables import paired, svg
+from aepg_jax.runs import identity, records
+from aepg_jax.tables import paired
 
-MAX_POINTS = 400  # a curve longer than this is averaged over consecutive chunks
 LOSS_KEY = "loss"
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 0; color: #222; background: #fafafa; }
-main { max-width: 1100px; margin: 0 auto; padding: 12px 16px 40px; }
+main { max-width: 1200px; margin: 0 auto; padding: 12px 16px 40px; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.2em; border-bottom: 1px solid #ccc; }
 h3 { font-size: 1.05em; margin-top: 1.4em; }
 .scroll { overflow-x: auto; }
@@ -56,15 +58,17 @@ td.flag { background: #fde2e1; font-weight: bold; }
 td.config-value { text-align: left; word-break: break-all; max-width: 30em; }
 .legend, .meta, .note { font-size: 0.85em; color: #555; }
 .warning { color: #9a3b00; font-size: 0.85em; }
-.charts { display: flex; flex-wrap: wrap; gap: 10px; align-items: flex-start; }
-.charts svg { flex: 1 1 360px; max-width: 520px; min-width: 260px; height: auto;
-  background: #fff; border: 1px solid #e4e4e4; }
-.charts svg.heatmap { flex: 0 1 300px; min-width: 180px; }
+svg.chart { display: block; max-width: 100%; height: auto; background: #fff;
+  border: 1px solid #e4e4e4; margin: 6px 0; }
 details.run { background: #fff; border: 1px solid #ddd; margin: 6px 0; padding: 4px 10px; }
 details.run > summary { cursor: pointer; font-family: monospace; font-size: 0.9em;
   overflow-wrap: anywhere; }
 code { overflow-wrap: anywhere; }
 """
+
+
+def esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +89,7 @@ class RunInfo:
 class CellText:
     """One cell of a table as `tables.py` prints it (ours, paper, Δ and its mark), with the
     numbers its chart draws (ours: mean ± sample std over seeds; the paper's mean ± as printed;
-    None where absent)."""
+    None where absent), the runs it selects (`expected`) and the seeds of its finished runs."""
 
     ours: str
     paper: str
@@ -95,6 +99,8 @@ class CellText:
     std: float | None
     paper_mean: float | None
     paper_pm: float | None
+    expected: int = 1
+    seeds: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +112,9 @@ class Block:
     table: Table
     cells: list[list[CellText]]
     paired: Sequence[paired.PairedRow] = ()  # its rows against their CE rows, seed by seed
+    rows: Sequence[int] = ()  # the rows and columns shown (`tables.shown`)
+    cols: Sequence[int] = ()
+    rest: str = ""  # the line counting the others
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -121,117 +130,152 @@ def published(cells: list[list[CellText]]) -> bool:
     return any(c.paper_mean is not None or c.paper.strip() for row in cells for c in row)
 
 
-# The legend of a table without published numbers: ours only.
-OURS_LEGEND = "ours: mean ± std over seeds (n runs; `k/n done` while runs are missing)."
+def _loss_name(loss: Any) -> str:
+    return paired.LOSS_NAMES.get(str(loss), str(loss))
 
 
-def table_html(table: Table, cells: list[list[CellText]]) -> str:
-    """`table` as an HTML table: per column ours, paper, Δ (a flagged Δ marked); ours alone
-    when no cell has a published number."""
-    e = svg.esc
+def seeds_text(seeds: Sequence[int]) -> str:
+    """`seed 0` / `seeds 0, 1, 2`."""
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
+
+
+def table_html(block: Block) -> str:
+    """`block`'s table as an HTML table of its rows and columns that select a run (the rest
+    counted below it): per column ours, paper, Δ (a flagged Δ marked); ours alone when no cell
+    has a published number."""
+    table, cells, rows, cols = block.table, block.cells, block.rows, block.cols
     paper = published(cells)
     span = ' colspan="3"' if paper else ""
-    head1 = "".join(f"<th{span}>{e(c.label)}</th>" for c in table.columns)
-    head2 = ("<th>ours</th><th>paper</th><th>Δ</th>" if paper else "<th>ours</th>") * len(
-        table.columns
-    )
+    head1 = "".join(f"<th{span}>{esc(table.columns[k].label)}</th>" for k in cols)
+    head2 = ("<th>ours</th><th>paper</th><th>Δ</th>" if paper else "<th>ours</th>") * len(cols)
     lines = [
         '<div class="scroll"><table class="results">',
         f"<thead><tr><th></th>{head1}</tr><tr><th>method</th>{head2}</tr></thead><tbody>",
     ]
-    for row, row_cells in zip(table.rows, cells, strict=True):
-        parts = [f"<td>{e(row.label)}</td>"]
-        for c in row_cells:
-            parts.append(f"<td>{e(_joined(c.ours))}</td>")
+    for i in rows:
+        parts = [f"<td>{esc(table.rows[i].label)}</td>"]
+        for k in cols:
+            c = cells[i][k]
+            parts.append(f"<td>{esc(_joined(c.ours))}</td>")
             if paper:
                 flag = ' class="flag"' if c.flagged else ""
-                parts.append(f"<td>{e(_joined(c.paper))}</td><td{flag}>{e(c.diff)}</td>")
+                parts.append(f"<td>{esc(_joined(c.paper))}</td><td{flag}>{esc(c.diff)}</td>")
         lines.append(f"<tr>{''.join(parts)}</tr>")
     lines.append("</tbody></table></div>")
-    return "\n".join(lines)
+    rest = f'<p class="note rest">{esc(block.rest)}</p>'
+    return "\n".join(lines + [rest] * bool(block.rest))
 
 
-def comparison_charts(table: Table, cells: list[list[CellText]]) -> list[str]:
-    """One dot chart per column: the rows with a result or a published number, ours (± std)
-    beside the paper's (±); ours alone when the table has no published number."""
-    out = []
+def comparison_chart(
+    table: Table, cells: list[list[CellText]], styles: dict[str, str]
+) -> str | None:
+    """Ours (mean ± std over seeds, coloured by the row's loss) beside the paper's (hollow
+    diamond, ± as printed) for the rows with a result or a published number, one panel per
+    column; None when no row has either."""
+    panels: dict[str, list[plots.Dot]] = {}
+    labels: dict[str, None] = {}
+    losses: dict[str, None] = {}
     for k, col in enumerate(table.columns):
-        pairs = [
-            svg.Pair(row.label, c.mean, c.std, c.paper_mean, c.paper_pm)
-            for row, c in zip(table.rows, (r[k] for r in cells), strict=True)
-        ]
-        pairs = [p for p in pairs if p.ours is not None or p.paper is not None]
-        if pairs:
-            paper = any(p.paper is not None for p in pairs)
-            title = f"{col.label}: ours and paper" if paper else f"{col.label}: ours"
-            out.append(svg.comparison(pairs, title=title, xlabel="%"))
-    return out
+        dots = []
+        for row, c in zip(table.rows, (r[k] for r in cells), strict=True):
+            loss = row.where.get(LOSS_KEY)
+            if c.mean is not None:
+                std = c.std or 0.0
+                tip = f"{row.label} · {col.label} · {_loss_name(loss)} · {seeds_text(c.seeds)}"
+                dots.append(plots.Dot(row.label, c.mean, c.mean - std, c.mean + std,
+                                      plots.loss_color(loss), f"{tip}: {c.ours}"))  # fmt: skip
+                losses[str(loss)] = None
+            if c.paper_mean is not None:
+                pm, tip = c.paper_pm or 0.0, f"{row.label} · {col.label} · paper: {c.paper}"
+                lo, hi = c.paper_mean - pm, c.paper_mean + pm
+                dots.append(plots.Dot(row.label, c.paper_mean, lo, hi, plots.PAPER_COLOR, tip,
+                                      hollow=True))  # fmt: skip
+            if dots and dots[-1].label == row.label:
+                labels[row.label] = None
+        if dots:
+            panels[col.label] = dots
+    if not panels:
+        return None
+    legend = [(f"ours, {_loss_name(lo)}: mean ± std over seeds", plots.loss_color(lo), False)
+              for lo in losses]  # fmt: skip
+    paper = any(d.hollow for ds in panels.values() for d in ds)
+    legend += [("paper (± as printed)", plots.PAPER_COLOR, True)] * paper
+    fig = plots.plot_dots(panels, list(labels), legend=legend, xlabel="%",
+                          title="ours and paper" if paper else "ours")  # fmt: skip
+    return plots.svg_text(fig, "chart comparison", styles)
+
+
+def source_html(table: Table) -> str:
+    """Where the table's published cells were read (`Table.source`), "" for the paper's own."""
+    return f'<p class="note">published cells: {esc(table.source)}</p>' if table.source else ""
 
 
 # ------------------------------------------------------- aEPG against CE, paired by seed
 
 
-def source_html(table: Table) -> str:
-    """Where the table's published cells were read (`Table.source`), "" for the paper's own."""
-    return f'<p class="note">published cells: {svg.esc(table.source)}</p>' if table.source else ""
+def _with_data(rows: Sequence[paired.PairedRow]) -> list[paired.PairedRow]:
+    return [r for r in rows if any(p.n for p in r.columns)]
 
 
-def paired_html(table: Table, rows: Sequence[paired.PairedRow]) -> str:
-    """The paired differences of `table` (`paired.py`): a table (one line per pair, one column
-    per table column) and one forest plot per metric, an estimate and its 95% interval per pair
-    and column, zero marked; "" when no two rows differ only in their loss."""
+def forest_chart(block: Block, styles: dict[str, str], caption: str) -> str | None:
+    """The paired differences of `block` as a forest plot: per pair with a finished seed and
+    per column (a panel), the mean difference and its 95% interval, each seed's difference as a
+    small dot, zero marked; coloured by the pair's loss. None when no pair has a seed."""
+    table, rows = block.table, _with_data(block.paired)
+    if not rows:
+        return None
+    panels: dict[str, list[plots.Dot]] = {}
+    losses: dict[str, None] = {}
+    for k, col in enumerate(table.columns):
+        dots = []
+        for r in rows:
+            p = r.columns[k]
+            if p.mean is None:
+                continue
+            loss = table.rows[r.row].where.get(LOSS_KEY)
+            losses[str(loss)] = None
+            both = [s for s in block.cells[r.row][k].seeds if s in block.cells[r.base][k].seeds]
+            seeds = sorted(both) if len(both) == p.n else []
+            per_seed = [(d, f"{r.label} · {col.label} · seed {s}: {d:+.2f}")
+                        for d, s in zip(p.diffs, seeds, strict=True)] if seeds else [
+                        (d, f"{r.label} · {col.label}: {d:+.2f}") for d in p.diffs]  # fmt: skip
+            lo, hi = p.interval or (None, None)
+            which = seeds_text(seeds) if seeds else f"{p.n} pairs"
+            tip = f"{r.label} · {col.label}: {p.text()} ({which})"
+            dots.append(plots.Dot(r.label, p.mean, lo, hi, plots.loss_color(loss), tip, per_seed))
+        if dots:
+            panels[col.label] = dots
+    legend = [(f"{_loss_name(lo)} - CE: mean over seeds, 95% CI (small dots: each seed)",
+               plots.loss_color(lo), False) for lo in losses]  # fmt: skip
+    fig = plots.plot_dots(panels, [r.label for r in rows], legend=legend, zero=True,
+                          xlabel="difference (row - CE)",
+                          title=f"{paired.title(table)}: {caption}")  # fmt: skip
+    return plots.svg_text(fig, "chart forest", styles)
+
+
+def paired_html(table: Table, rows: Sequence[paired.PairedRow], caption: str) -> str:
+    """The paired differences of `table` (`paired.py`) as a table, one line per pair and one
+    column per table column that selects a run; "" when no two rows differ only in their
+    loss."""
+    rows = [r for r in rows if any(p.expected for p in r.columns)]
     if not rows:
         return ""
-    e = svg.esc
     name = paired.title(table)
-    head = "".join(f"<th>{e(c.label)}</th>" for c in table.columns)
+    cols = [k for k in range(len(table.columns)) if any(r.columns[k].expected for r in rows)]
+    head = "".join(f"<th>{esc(table.columns[k].label)}</th>" for k in cols)
     lines = [
-        f'<h4 class="paired">{e(name)}</h4>',
+        f'<h4 class="paired">{esc(name)}: {esc(caption)}</h4>',
         '<div class="scroll"><table class="paired">',
         f"<thead><tr><th></th>{head}</tr></thead><tbody>",
     ]
     for r in rows:
-        cells = "".join(f"<td>{e(p.text())}</td>" for p in r.columns)
-        lines.append(f"<tr><td>{e(r.label)}</td>{cells}</tr>")
-    lines += ["</tbody></table></div>", f'<p class="legend">{e(paired.LEGEND)}</p>']
-    charts = []
-    metrics_in = dict.fromkeys(c.metric for c in table.columns)
-    for metric in metrics_in:
-        intervals = []
-        for r in rows:
-            for col, p in zip(table.columns, r.columns, strict=True):
-                if col.metric != metric or p.mean is None:
-                    continue
-                lo, hi = p.interval or (None, None)
-                label = f"{r.label} · {col.label}"
-                intervals.append(svg.Interval(label, p.mean, lo, hi, p.wins_text))
-        if intervals:
-            labels = [c.label for c in table.columns if c.metric == metric]
-            charts.append(
-                svg.forest(
-                    intervals,
-                    title=f"{name}: {', '.join(labels)}",
-                    xlabel=f"difference in {metric} (row - CE)",
-                )
-            )
-    if charts:
-        lines.append(f'<div class="charts">{"".join(charts)}</div>')
+        cells = "".join(f"<td>{esc(r.columns[k].text())}</td>" for k in cols)
+        lines.append(f"<tr><td>{esc(r.label)}</td>{cells}</tr>")
+    lines += ["</tbody></table></div>", f'<p class="legend">{esc(paired.LEGEND)}</p>']
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ aEPG beside CE: A_t curves
-
-
-def _mean_band(curves: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean, mean - std, mean + std) over runs of equal-length curves (sample std; 0 for one)."""
-    stack = np.stack(curves)
-    mean = np.nanmean(stack, 0)
-    std = np.nanstd(stack, 0, ddof=1) if len(curves) > 1 else np.zeros_like(mean)
-    return mean, mean - std, mean + std
-
-
-def _curve(results: Mapping[str, Any], key: str) -> np.ndarray:
-    return np.array([np.nan if v is None else v for v in results.get(key) or []], float)
 
 
 def _where_text(where: Mapping[str, Any]) -> str:
@@ -260,154 +304,54 @@ def loss_groups(table: Table) -> list[tuple[str, list[tuple[str, dict]]]]:
     ]
 
 
-def loss_charts(experiment: Experiment, table: Table, infos: Mapping[str, RunInfo]) -> list[str]:
-    """Per `loss_groups` group: A_t after each task per loss, mean ± std band over seeds."""
-    out = []
+def loss_chart(
+    experiment: Experiment, table: Table, infos: Mapping[str, RunInfo], styles: dict[str, str]
+) -> str | None:
+    """Per `loss_groups` group with two losses run (a panel): A_t after each task per loss,
+    the mean ± sample std band over seeds, coloured by loss; None when no group has two."""
+    panels = {}
     for shared, members in loss_groups(table):
-        series = []
+        bands = []
         for label, where in members:
-            curves = []
+            curves, seeds = [], []
             for run in experiment.select(where):
                 info = infos.get(run.name)
                 if info is not None and info.counted and info.results is not None:
-                    curve = _curve(info.results, "A_t")
+                    curve = plots.values_of(info.results, "A_t")
                     if curve.size:
                         curves.append(curve)
-            if not curves:
-                continue
-            length = min(c.size for c in curves)
-            mean, lo, hi = _mean_band([c[:length] for c in curves])
-            x = np.arange(1, length + 1)
-            series.append(svg.Series(f"{label} (n={len(curves)})", x, mean, lo, hi, points=True))
-        if len(series) > 1:
-            out.append(
-                svg.chart(
-                    series,
-                    title=f"A_t per task: {shared}" if shared else "A_t per task",
-                    xlabel="after task t",
-                    ylabel="A_t (%)",
-                    cls="chart loss-comparison",
-                )
-            )
-    return out
+                        seeds.append(run.seed)
+            if curves:
+                mean, std = plots.mean_std(curves)
+                loss = where[LOSS_KEY]
+                name = f"{label} ({_loss_name(loss)}; {seeds_text(sorted(seeds))})"
+                bands.append(plots.Band(name, range(1, mean.size + 1), mean, std,
+                                        plots.loss_color(loss), f"A_t: {name}"))  # fmt: skip
+        if len(bands) > 1:
+            panels[f"A_t per task: {shared}" if shared else "A_t per task"] = bands
+    if not panels:
+        return None
+    fig = plots.plot_bands(panels, xlabel="after task t", ylabel="A_t (%)")
+    return plots.svg_text(fig, "chart loss-comparison", styles)
 
 
 # ---------------------------------------------------------------------------------- one run
 
 
-def _thin(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """At most `limit` points: means over consecutive chunks of a longer curve."""
-    if x.size <= limit:
-        return x, y
-    chunks = np.array_split(np.arange(x.size), limit)
-    return (
-        np.array([x[c].mean() for c in chunks]),
-        np.array([np.nanmean(y[c]) if np.isfinite(y[c]).any() else np.nan for c in chunks]),
+def run_chart(info: RunInfo, recs: Sequence[Mapping[str, Any]], styles: dict[str, str]) -> str:
+    """The run's accuracy matrix, reliability diagram and training curves (`plots.plot_run`)."""
+    r = info.results or {}
+    predictors = r.get("predictors") or ["model"]
+    notes = {p: m.get("calibration_note") for p, m in (r.get("methods") or {}).items()}
+    found = plots.kept_reliability(info.folder, predictors, notes) if info.folder else None
+    fig = plots.plot_run(
+        r.get("accuracy_matrix") or None,
+        recs,
+        found,
+        [p for p in predictors if notes.get(p)],
+        predictors[0],
     )
-
-
-def _series(recs: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
-    pts = [
-        (r["step"], r[key])
-        for r in recs
-        if records.is_number(r.get("step")) and records.is_number(r.get(key))
-    ]
-    return np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
-
-
-def task_boundaries(recs: Sequence[Mapping[str, Any]]) -> list[float]:
-    """The global steps at which each task but the last ends (its eval record's step)."""
-    evals = [r for r in recs if r.get("type") == "eval" and records.is_number(r.get("step"))]
-    steps = sorted({float(r["step"]) for r in evals})
-    return steps[:-1]
-
-
-def curve_charts(recs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Training loss, alpha (when the loss has one) and entropy (train batches, and the test
-    set after each task) over the global step."""
-    train = [r for r in recs if r.get("type") == "train"]
-    evals = [r for r in recs if r.get("type") == "eval"]
-    bounds = task_boundaries(recs)
-    out = []
-    for key, ylabel in (("loss", "training loss"), ("alpha", "alpha (weight of CE)")):
-        x, y = _thin(*_series(train, key))
-        if x.size:
-            out.append(
-                svg.chart(
-                    [svg.Series("", x, y)],
-                    title=ylabel,
-                    xlabel="global step",
-                    ylabel=key,
-                    vlines=bounds,
-                    cls="chart curve",
-                )
-            )
-    x, y = _thin(*_series(train, "entropy"))
-    ex, ey = _series(evals, "entropy")
-    series = []
-    # The two are over different supports: a training batch's softmax over its task's
-    # classes (the loss's local logits), the test set's over every class seen so far.
-    if x.size:
-        series.append(svg.Series("train batch: task's classes", x, y))
-    if ex.size:
-        series.append(svg.Series("test: every seen class", ex, ey, points=True, line=False))
-    if series:
-        out.append(
-            svg.chart(
-                series,
-                title="output entropy H(p), over the classes in the legend",
-                xlabel="global step",
-                ylabel="nats",
-                vlines=bounds,
-                cls="chart curve",
-            )
-        )
-    return out
-
-
-def reliability_chart(
-    folder: pathlib.Path, predictors: Sequence[str], notes: Mapping[str, str] | None = None
-) -> str | None:
-    """The reliability diagram after the last task evaluated, one line per predictor (not those
-    with a note in `notes`: scores, not probabilities, named in the legend as not drawn), from
-    the run's kept predictions; None when it kept none or no predictor has one. The first
-    predictor is drawn solid, the others dashed over it, so that coinciding lines all show."""
-    path = folder / predictions.FILE
-    if not path.exists():
-        return None
-    arrays = predictions.load(path)
-    last = arrays["after_task"] == arrays["after_task"].max()
-    label = arrays["label"][last]
-    series = []
-    for p in predictors:
-        if f"{p}/top_probs" not in arrays or (notes or {}).get(p):
-            continue
-        c = predictions.predictor_columns(arrays, p)
-        conf = c["top_probs"][last, 0].astype(np.float64)
-        correct = c["top_classes"][last, 0] == label
-        acc, mean_conf, count = metrics.reliability(conf, correct)
-        seen = count > 0
-        ece = 100.0 * metrics.ece(conf, correct)
-        label, dashed = f"{p} (ECE {ece:.1f}%)", bool(series)
-        series.append(svg.Series(label, mean_conf[seen], acc[seen], points=True, dashed=dashed))
-    if not series:
-        return None
-    series += [
-        svg.Series(f"{p}: {metrics.SCORES}, not drawn", [], [], line=False, color="#bbb")
-        for p in predictors
-        if (notes or {}).get(p)
-    ]
-    task = int(arrays["after_task"].max()) + 1
-    return svg.chart(
-        series,
-        title=f"reliability after task {task}",
-        xlabel="confidence",
-        ylabel="accuracy",
-        xlim=(0.0, 1.0),
-        ylim=(0.0, 1.0),
-        diagonal=True,
-        cls="chart reliability",
-    )
+    return plots.svg_text(fig, "chart run", styles)
 
 
 def calibration_table(results: Mapping[str, Any]) -> str:
@@ -416,19 +360,19 @@ def calibration_table(results: Mapping[str, Any]) -> str:
     reason as the cell's tooltip)."""
     methods = results.get("methods") or {results.get("predictors", ["model"])[0]: results}
     keys = (("A_T", "A_T (%)"), ("ece_T", "ECE (%)"), ("nll_T", "NLL"), ("test_entropy_T", "H"))
-    head = "".join(f"<th>{svg.esc(t)}</th>" for _, t in keys)
+    head = "".join(f"<th>{esc(t)}</th>" for _, t in keys)
     rows = []
     for name, m in methods.items():
         note = m.get("calibration_note")
         if note:
             cells = (
                 f"<td>{_fmt(m.get('A_T'))}</td>"
-                f'<td colspan="{len(keys) - 1}" class="note" title="{svg.esc(note)}">'
-                f"{svg.esc(metrics.SCORES)}</td>"
+                f'<td colspan="{len(keys) - 1}" class="note" title="{esc(note)}">'
+                f"{esc(metrics.SCORES)}</td>"
             )
         else:
             cells = "".join(f"<td>{_fmt(m.get(k))}</td>" for k, _ in keys)
-        rows.append(f"<tr><td>{svg.esc(name)}</td>{cells}</tr>")
+        rows.append(f"<tr><td>{esc(name)}</td>{cells}</tr>")
     return (
         f'<div class="scroll"><table class="calibration"><thead><tr><th>predictor</th>{head}'
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
@@ -459,9 +403,9 @@ def config_differences(mine: Mapping[str, Any], others: Mapping[str, Mapping[str
     for f in fields:
         theirs = sorted({identity.value_text(fo.get(f)) for fo in flat_others.values()})
         rows.append(
-            f"<tr><td><code>{svg.esc(f)}</code></td>"
-            f'<td class="config-value">{svg.esc(identity.value_text(flat_mine.get(f)))}</td>'
-            f'<td class="config-value">{svg.esc(", ".join(theirs))}</td></tr>'
+            f"<tr><td><code>{esc(f)}</code></td>"
+            f'<td class="config-value">{esc(identity.value_text(flat_mine.get(f)))}</td>'
+            f'<td class="config-value">{esc(", ".join(theirs))}</td></tr>'
         )
     return (
         '<div class="scroll"><table class="config-diff"><thead><tr><th>field</th><th>this run'
@@ -471,35 +415,27 @@ def config_differences(mine: Mapping[str, Any], others: Mapping[str, Mapping[str
 
 
 def run_html(
-    info: RunInfo, cell_configs: Mapping[str, Mapping[str, Any]], is_open: bool = False
+    info: RunInfo,
+    cell_configs: Mapping[str, Mapping[str, Any]],
+    styles: dict[str, str],
+    is_open: bool = False,
 ) -> str:
-    """One run's `<details>` (open with `is_open`): heatmap, curves, reliability, calibration,
+    """One run's `<details>` (open with `is_open`): its chart (`run_chart`), calibration and
     config differences."""
-    e = svg.esc
     parts = [
-        f'<details class="run" id="run-{e(info.name)}"{" open" if is_open else ""}>'
-        f"<summary>{e(info.name)} — "
-        f"{e(info.status)}</summary>"
+        f'<details class="run" id="run-{esc(info.name)}"{" open" if is_open else ""}>'
+        f"<summary>{esc(info.name)} — {esc(info.status)}</summary>"
     ]
     r = info.results
     if r is None or info.folder is None:
         parts.append("</details>")
         return "\n".join(parts)
-    parts.append(f'<p class="meta">folder: <code>{e(info.folder)}</code></p>')
-    charts = []
-    primary = (r.get("predictors") or ["model"])[0]
-    if r.get("accuracy_matrix"):
-        charts.append(svg.heatmap(r["accuracy_matrix"], title=f"accuracy (%), {primary}"))
+    parts.append(f'<p class="meta">folder: <code>{esc(info.folder)}</code></p>')
     try:
         recs = records.read_metrics(info.folder)
     except OSError:
         recs = []
-    charts += curve_charts(recs)
-    notes = {p: m.get("calibration_note") for p, m in (r.get("methods") or {}).items()}
-    diagram = reliability_chart(info.folder, r.get("predictors") or [], notes)
-    if diagram:
-        charts.append(diagram)
-    parts.append(f'<div class="charts">{"".join(charts)}</div>')
+    parts.append(run_chart(info, recs, styles))
     parts.append(calibration_table(r))
     mine = r.get("config")
     if isinstance(mine, dict):
@@ -513,68 +449,99 @@ def run_html(
 # ---------------------------------------------------------------------------------- the page
 
 
+def seeds_run(infos: Sequence[RunInfo]) -> list[int]:
+    """The seeds of the runs with results that their cells count."""
+    return sorted({i.run.seed for i in infos if i.results is not None and i.counted
+                   and i.run.seed is not None})  # fmt: skip
+
+
+def with_seeds(text: str, seeds: int) -> str:
+    """`text` saying the seeds that ran: its `N seeds` as `3 seeds (of 5)` where fewer ran,
+    `· 3 seeds` added when it names none."""
+    if not seeds:
+        return text
+    word = f"{seeds} seed" + "s" * (seeds != 1)
+    said = re.compile(r"\b(\d+) seeds\b")
+    if not said.search(text):
+        return f"{text} · {word}"
+    return said.sub(lambda m: word if int(m[1]) == seeds else f"{word} (of {m[1]})", text)
+
+
 def page(
     root: str,
     experiment: Experiment,
     blocks: Sequence[Block],
     infos: Sequence[RunInfo],
     warnings: Sequence[str] = (),
-    legend: str = "",
+    legends: tuple[str, str] = ("", ""),
     selection: str = "",
 ) -> str:
     """The report of the sweep directory `root` as one HTML document (see the module doc): the
-    tables `blocks` (with `legend` under each), the runs `infos`, the `warnings`; `selection`
-    says which runs are shown (overrides, `--where`)."""
-    e = svg.esc
+    paired differences of `blocks` first, then the tables (with `legends` under each: the
+    one with published numbers, the one of ours alone), the
+    `warnings`, the runs `infos`; `selection` says which runs are shown (overrides,
+    `--where`)."""
+    styles: dict[str, str] = {}
     by_name = {i.run.name: i for i in infos}
     done = sum(1 for i in infos if i.results is not None and i.counted)
+    seeds = len(seeds_run(infos))
+    title = with_seeds(experiment.title, seeds)
     body = [
-        f"<h1>{e(experiment.title)}</h1>",
-        f'<p class="meta">experiment <code>{e(experiment.name)}</code> · directory '
-        f"<code>{e(root)}</code> · {done}/{len(infos)} runs finished"
-        + (f" · {e(selection)}" if selection else "")
+        f"<h1>{esc(title)}</h1>",
+        f'<p class="meta">experiment <code>{esc(experiment.name)}</code> · directory '
+        f"<code>{esc(root)}</code> · {done}/{len(infos)} runs finished"
+        + (f" · {esc(selection)}" if selection else "")
         + "</p>",
-        '<h2 id="tables">Tables</h2>',
     ]
+    captions = {id(b): with_seeds(b.table.title, seeds) for b in blocks}
+    forests = [(b, forest_chart(b, styles, captions[id(b)])) for b in blocks]
+    if any(chart for _, chart in forests):
+        names = " / ".join(dict.fromkeys(paired.title(b.table) for b, c in forests if c))
+        body.append(f'<h2 id="paired">{esc(names)}</h2>')
+        for block, chart in forests:
+            if chart:
+                body += [chart, paired_html(block.table, block.paired, captions[id(block)])]
+    body.append('<h2 id="tables">Tables</h2>')
     for block in blocks:
-        body.append(f"<h3>{e(block.table.title)}</h3>")
-        body.append(table_html(block.table, block.cells))
-        if legend:
-            shown = legend if published(block.cells) else OURS_LEGEND
-            body.append(f'<p class="legend">{e(shown)}</p>')
-        charts = comparison_charts(block.table, block.cells)
-        charts += loss_charts(block.part, block.table, by_name)
-        if charts:
-            body.append(f'<div class="charts">{"".join(charts)}</div>')
+        body.append(f"<h3>{esc(captions[id(block)])}</h3>")
+        body.append(table_html(block))
+        text = legends[0] if published(block.cells) else legends[1]
+        if text:
+            body.append(f'<p class="legend">{esc(text)}</p>')
+        body.append(comparison_chart(block.table, block.cells, styles) or "")
+        body.append(loss_chart(block.part, block.table, by_name, styles) or "")
         body.append(source_html(block.table))
-        body.append(paired_html(block.table, block.paired))
+        if not any(c for b, c in forests if b is block):
+            body.append(paired_html(block.table, block.paired, captions[id(block)]))
     if warnings:
         body.append('<h2 id="warnings">Warnings</h2><ul>')
-        body += [f'<li class="warning">{e(w)}</li>' for w in warnings]
+        body += [f'<li class="warning">{esc(w)}</li>' for w in warnings]
         body.append("</ul>")
     body.append(f'<h2 id="runs">Runs ({len(infos)})</h2>')
     body.append(
-        '<p class="note">each run: its accuracy matrix (task i after task j), training loss, '
-        "alpha and entropy over the global step (task boundaries dashed), the reliability "
+        '<p class="note">each run: its accuracy matrix (task i after task j), the reliability '
         "diagram of its test predictions after the last task (15 equal-width confidence bins; "
-        "the diagonal is perfect calibration), ECE / NLL / test entropy per predictor, and the "
-        "config fields in which it differs from its cell's other runs.</p>"
+        "the diagonal is perfect calibration), training loss, entropy and alpha over the global "
+        "step (task boundaries dashed), ECE / NLL / test entropy per predictor, and the config "
+        "fields in which it differs from its cell's other runs.</p>"
     )
     first = next((i for i in infos if i.results is not None), None)  # shown open
     cells: dict[str, list[RunInfo]] = {}
     for info in infos:
         cells.setdefault(info.run.cell_name, []).append(info)
     for cell_name, members in cells.items():
-        body.append(f"<h3>{e(cell_name)} ({len(members)} runs)</h3>")
+        body.append(f"<h3>{esc(cell_name)} ({len(members)} runs)</h3>")
         configs = {
             i.name: i.results["config"]
             for i in members
             if i.results is not None and isinstance(i.results.get("config"), dict)
         }
-        body += [run_html(i, configs, i is first) for i in members]
+        body += [run_html(i, configs, styles, i is first) for i in members]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{e(experiment.name)}: {e(experiment.title)}</title>"
-        f"<style>{CSS}</style></head><body><main>\n" + "\n".join(body) + "\n</main></body></html>\n"
+        f"<title>{esc(experiment.name)}: {esc(title)}</title>"
+        f"<style>{CSS}{plots.style_sheet(styles)}</style></head><body><main>\n"
+        + "\n".join(filter(None, body))
+        + "\n</main></body></html>\n"
     )

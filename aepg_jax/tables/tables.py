@@ -61,10 +61,8 @@ from aepg_jax.tables import paired
 
 FORMATS = ("markdown", "latex", "csv")
 MARK = "(!)"
-LEGEND = (
-    "ours: mean ± std over seeds (n runs; `k/n done` while runs are missing); Δ = ours - paper; "
-    f"{MARK}: |Δ| > max(1, 2 x paper ±)."
-)
+OURS_LEGEND = "ours: mean ± std over seeds (n runs; `k/n done` while runs are missing)."
+LEGEND = OURS_LEGEND[:-1] + f"; Δ = ours - paper; {MARK}: |Δ| > max(1, 2 x paper ±)."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,16 +359,49 @@ def diff_text(c: Cell) -> str:
     return _num(c.diff, c.decimals(), sign=True) + (f" {MARK}" if c.flagged else "")
 
 
+def shown(table: Table, cells: Sequence[Sequence]) -> tuple[list[int], list[int]]:
+    """(rows, columns) of `table` whose cells select a run (`expected`); all of them when none
+    does."""
+    rows = [i for i, row in enumerate(cells) if any(c.expected for c in row)]
+    cols = [k for k in range(len(table.columns)) if any(row[k].expected for row in cells)]
+    if not rows:
+        return list(range(len(table.rows))), list(range(len(table.columns)))
+    return rows, cols
+
+
+def rest_text(table: Table, rows: Sequence[int], cols: Sequence[int] | None = None) -> str:
+    """The line counting the rows (and columns) left out because they select no run, naming
+    the first three; "" when none is."""
+    parts = []
+    kinds = (("row", table.rows, rows), ("column", table.columns, cols))
+    for kind, items, kept in kinds:
+        left = [] if kept is None else [x.label for i, x in enumerate(items) if i not in kept]
+        if left:
+            names = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+            parts.append(f"{len(left)} {kind}{'s' * (len(left) != 1)} ({names})")
+    return f"{' and '.join(parts)}: no run selected, not shown." if parts else ""
+
+
+def has_published(cells: Sequence[Sequence[Cell]]) -> bool:
+    return any(c.published is not None for row in cells for c in row)
+
+
 def markdown(table: Table, cells: list[list[Cell]]) -> str:
-    head = [""] + [f"{c.label} {part}" for c in table.columns for part in ("ours", "paper", "Δ")]
+    """The table's rows that select a run (the others counted in one line under it): per
+    column ours, paper and Δ; ours alone when no cell has a published number."""
+    parts_of = ("ours", "paper", "Δ") if has_published(cells) else ("ours",)
+    head = [""] + [f"{c.label} {part}" for c in table.columns for part in parts_of]
     lines = [f"### {table.title}", "", "| " + " | ".join(head) + " |"]
     lines.append("|---" + "|---:" * (len(head) - 1) + "|")
-    for row, row_cells in zip(table.rows, cells, strict=True):
-        parts = [row.label]
-        for c in row_cells:
-            parts += [ours_text(c), paper_text(c), diff_text(c)]
+    rows, _ = shown(table, cells)
+    for i in rows:
+        parts = [table.rows[i].label]
+        for c in cells[i]:
+            parts += [ours_text(c), paper_text(c), diff_text(c)][: len(parts_of)]
         lines.append("| " + " | ".join(parts) + " |")
-    return "\n".join([*lines, "", LEGEND])
+    rest = rest_text(table, rows)
+    legend = LEGEND if has_published(cells) else OURS_LEGEND
+    return "\n".join([*lines, *["", rest] * bool(rest), "", legend])
 
 
 def _tex(text: str) -> str:
@@ -386,25 +417,30 @@ def _tex(text: str) -> str:
 
 
 def latex(table: Table, cells: list[list[Cell]]) -> str:
-    n = len(table.columns)
+    """As `markdown`: the rows that select a run, paper columns only with published numbers."""
+    n, k = len(table.columns), 3 if has_published(cells) else 1
+    rows, _ = shown(table, cells)
+    rest = rest_text(table, rows)
     lines = [
         f"% {table.title}" + (f" (paper: {table.label})" if table.label else ""),
-        "% " + LEGEND.replace("`", ""),
-        r"\begin{tabular}{l" + "rrr" * n + "}",
+        "% " + (LEGEND if k == 3 else OURS_LEGEND).replace("`", ""),
+        *[f"% {rest}"] * bool(rest),
+        r"\begin{tabular}{l" + "r" * k * n + "}",
         r"\toprule",
         " & ".join(
-            [""] + [rf"\multicolumn{{3}}{{c}}{{{c.latex or _tex(c.label)}}}" for c in table.columns]
+            [""]
+            + [rf"\multicolumn{{{k}}}{{c}}{{{c.latex or _tex(c.label)}}}" for c in table.columns]
         )
         + r" \\",
-        " ".join(rf"\cmidrule(lr){{{2 + 3 * i}-{4 + 3 * i}}}" for i in range(n)),
-        " & ".join(["Method"] + ["ours", "paper", r"$\Delta$"] * n) + r" \\",
+        *[" ".join(rf"\cmidrule(lr){{{2 + 3 * i}-{4 + 3 * i}}}" for i in range(n))] * (k == 3),
+        " & ".join(["Method"] + ["ours", "paper", r"$\Delta$"][:k] * n) + r" \\",
         r"\midrule",
     ]
-    for row, row_cells in zip(table.rows, cells, strict=True):
-        parts = [_tex(row.label)]
-        for c in row_cells:
+    for i in rows:
+        parts = [_tex(table.rows[i].label)]
+        for c in cells[i]:
             ours = ours_text(c, r"$\pm$").replace("—", "--")
-            parts += [ours, paper_text(c, r"$\pm$"), diff_text(c)]
+            parts += [ours, paper_text(c, r"$\pm$"), diff_text(c)][:k]
         lines.append(" & ".join(parts) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines)
@@ -612,20 +648,26 @@ def report_page(
                         ours_text(c), paper_text(c), diff_text(c), c.flagged, c.mean, c.std,
                         c.published.mean if c.published else None,
                         c.published.pm if c.published else None,
+                        c.expected, tuple(sorted(r.seed for r in c.runs if r.seed is not None)),
                     )
                     for c in row
                 ]
                 for row in raw
             ]  # fmt: skip
-            blocks.append(report.Block(part, table, cells, paired_rows(table, raw)))
+            rows, cols = shown(table, raw)
+            rest = rest_text(table, rows, cols)
+            blocks.append(
+                report.Block(part, table, cells, paired_rows(table, raw), rows, cols, rest)
+            )
     if tally.summary():
         warnings.add(tally.summary())
-    shown = view.selection(root)
+    chosen = view.selection(root)
     selection = " · ".join(
-        [f"overrides {' '.join(view.overrides)}"] * bool(view.overrides) + [shown] * bool(shown)
+        [f"overrides {' '.join(view.overrides)}"] * bool(view.overrides) + [chosen] * bool(chosen)
     )
     runs = report_runs(root, experiment, view)
-    return report.page(root, experiment, blocks, runs, sorted(warnings), LEGEND, selection)
+    legends = (LEGEND, OURS_LEGEND)
+    return report.page(root, experiment, blocks, runs, sorted(warnings), legends, selection)
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
