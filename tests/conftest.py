@@ -58,6 +58,22 @@ def fresh_compile_cache(tmp_path_factory, monkeypatch):
     _use_compile_cache(_SESSION_CACHE)
 
 
+@pytest.fixture(autouse=True)
+def _no_exit_of_the_test_process(monkeypatch):
+    """`os._exit` in pytest's own process (`hosts.leave(at_once=True)`, a second Ctrl-C of
+    `aepg_jax.main`) fails the test that reached it, with its traceback: it would end the
+    process without a word (pytest-xdist says only that its worker crashed). Processes forked
+    from it exit as they would."""
+    pid, exit_now = os.getpid(), os._exit
+
+    def _exit(status: int):
+        if os.getpid() != pid:
+            exit_now(status)
+        raise AssertionError(f"os._exit({status}) in the test's process: run it in a subprocess")
+
+    monkeypatch.setattr(os, "_exit", _exit)
+
+
 @pytest.fixture(scope="session")
 def local_slurm():
     """A running one-node SLURM (`scripts/slurm_local.sh start`), or the test is skipped with
