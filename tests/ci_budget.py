@@ -1,70 +1,32 @@
-"""Tests that CI leaves out (marked `slow` at collection by `tests/conftest.py`), beside the
-tests marked `slow` in their own files: each takes 8 s or more on the project's 2-core CPU-only
-machine, and together they would take CI's suite past its 10 minutes. The figure is each test's
-duration in seconds within the whole suite (`pytest -m "not slow" -n 2 --durations=0`, two
-workers, 2026-11-28). They run with the other slow tests (`-m slow`); an id here whose test
-function is not in its file stops the collection.
+"""Tests that CI leaves out although their files do not mark them `slow` (`tests/conftest.py`
+marks them): each one's cost is what it checks, several whole runs or a first run's compiling,
+which a smaller model or the session's compilation cache would not check. They run with the
+other slow tests (`-m slow`); an id here whose test function is not in its file stops the
+collection. The figure: seconds in the fast suite on two workers (2026-11-28).
 """
 
 # ruff: noqa: E501 (test ids are as long as their names)
 
 SLOW_IN_CI = {
-    "tests/test_preemption.py::test_a_stop_signal_checkpoints_the_step_and_the_rerun_resumes_exactly[15]": 113,
-    "tests/test_multiseed.py::test_seed_i_of_a_vmapped_run_equals_a_single_run_of_seed_i[pretrained-lae-per-step]": 90,
-    "tests/test_multiseed.py::test_vmapped_run_resumes_from_its_last_task_checkpoint": 65,
-    "tests/test_step_reference.py::test_one_step_matches_the_code_before_run_static_shapes[dualprompt]": 50,
-    "tests/test_compiles.py::test_default_config_compiles_as_often_with_5_tasks_as_with_2": 49,
-    "tests/test_methods.py::test_a_method_added_by_one_class_and_a_registry_entry_runs": 41,
-    "tests/test_scratch.py::test_8_devices_match_one_device": 40,
-    "tests/test_preemption.py::test_the_scratch_trainer_stops_inside_an_epoch_and_resumes_exactly": 39,
-    "tests/test_step_reference.py::test_one_step_matches_the_code_before_run_static_shapes[lae]": 37,
-    "tests/test_bench_step.py::test_jax_only_main_prints_table_without_torch[float32]": 36,
-    "tests/test_preemption.py::test_a_wall_clock_interval_checkpoints_inside_a_task": 35,
-    "tests/test_user_facing.py::test_ctrl_c_prints_one_line_and_exits_130[plain]": 30,
-    "tests/test_tensorboard.py::test_the_event_files_hold_the_scalars_of_metrics_jsonl": 30,
-    "tests/test_driver.py::test_rerun_of_a_finished_run_resumes_without_training": 28,
-    "tests/test_scenario.py::test_train_step_runs_in_the_domain_scenario[plain]": 26,
-    "tests/test_models.py::BFloat16Test::test_bfloat16_compute_keeps_float32_params_and_logits0": 25,
-    "tests/test_driver.py::test_paper_config_runs_at_tiny_shape[clrs25.py-peft=prefix,loss=aepg,method=lae]": 23,
-    "tests/test_tensorboard.py::test_tensorboard_false_writes_metrics_jsonl_only": 22,
-    "tests/test_driver.py::test_paper_config_runs_at_tiny_shape[imagenet_r.py-tasks=5,peft=adapter,loss=ce,method=lwf]": 22,
-    "tests/test_scratch.py::test_vmapped_seeds_match_single_runs_and_aepg_anneals_over_the_run": 22,
-    "tests/test_prompts.py::test_runs_end_to_end[dualprompt-aepg]": 22,
-    "tests/test_models.py::BFloat16Test::test_bfloat16_compute_keeps_float32_params_and_logits1": 22,
-    "tests/test_scenario.py::test_short_domain_run_gives_a_domains_by_domains_matrix[lae]": 20,
-    "tests/test_official_ranpac.py::test_projection_gram_ridge_readout_and_predictions_equal_the_official_code": 20,
-    "tests/test_prompts.py::test_runs_end_to_end[coda_prompt-aepg]": 20,
-    "tests/test_prompts.py::test_runs_end_to_end[l2p-ce]": 19,
-    "tests/test_scenario.py::test_short_domain_run_gives_a_domains_by_domains_matrix[plain]": 19,
-    "tests/test_run_lock.py::test_of_takers_starting_together_exactly_one_holds": 18,
-    "tests/test_inflora.py::test_runs_end_to_end_with_a_and_earlier_b_frozen[aepg]": 18,
-    "tests/test_inflora.py::test_the_unmerged_current_pair_equals_merging_it": 17,
-    "tests/test_backbone_families.py::test_features_equal_timms_pre_logits[vit]": 17,
-    "tests/test_scratch.py::test_runs_end_to_end_and_writes_its_reports": 16,
-    "tests/test_user_facing.py::test_default_uses_the_shipped_backbone_and_reports_it": 16,
-    "tests/test_backbone_families.py::test_features_equal_timms_pre_logits[dinov2]": 16,
-    "tests/test_models.py::PresetTest::test_tiny_forward_runs_and_tokens_are_optional": 16,
-    "tests/test_prompts.py::test_no_gradient_reaches_the_query_pass": 16,
-    "tests/test_backbone_families.py::test_a_short_run_of_each_family_names_its_weights_and_sha256[clip-vit_base_patch16_clip_224.openai]": 15,
-    "tests/test_backbone_families.py::test_a_short_run_of_each_family_names_its_weights_and_sha256[dinov2-vit_base_patch14_dinov2.lvd142m]": 15,
-    "tests/test_inflora.py::test_hooks_give_a_frozen_orthogonal_a_per_task[0.6-False]": 14,
-    "tests/test_resnet.py::test_train_step_updates_batch_stats_and_reports_sums": 14,
-    "tests/test_prepare_runs.py::test_two_task_continual_run_on_prepared_data[imagenet_r]": 14,
-    "tests/test_checkpoints.py::test_position_embedding_is_resized_for_another_image_size": 14,
-    "tests/test_scenario.py::test_train_step_runs_in_the_domain_scenario[lae]": 13,
-    "tests/test_timm_weights.py::test_both_formats_give_identical_parameters_and_logits": 13,
-    "tests/test_driver.py::test_non_finite_loss_stops_the_run_with_its_step": 11,
-    "tests/test_timm_weights.py::test_a_run_from_an_hf_hub_id_says_which_weights_and_records_the_sha256": 11,
-    "tests/test_partition.py::GradientTest::test_train_step_compiles_once_per_task": 9,
-    "tests/test_cli.py::test_errors_after_parsing_are_one_line[workdir_is_a_file]": 9,
-    "tests/test_sweep.py::test_table1_without_its_weights_is_one_line_and_no_run_folder": 9,
-    "tests/test_prompts.py::test_coda_earlier_components_get_zero_gradients": 9,
-    "tests/test_partition.py::GradientTest::test_no_gradient_is_built_for_frozen_leaves": 9,
-    "tests/test_scratch.py::test_tfds_cifar_from_array_record_trains[cifar10]": 9,
-    "tests/test_ease.py::test_the_adaptformer_adapter_sits_beside_the_mlp": 9,
-    "tests/test_prompts.py::test_query_is_the_frozen_cls_token_without_peft_and_carries_no_gradient": 9,
-    "tests/test_cache.py::test_processes_sharing_a_cache_directory_build_it_once": 9,
-    "tests/test_prompts.py::test_dualprompt_uses_the_task_slot_in_training_and_the_nearest_seen_key_at_test": 8,
-    "tests/test_cli.py::test_errors_after_parsing_are_one_line[not_an_npz]": 8,
-    "tests/test_plan.py::test_host_flops_per_image_match_the_analytic_count": 8,
+    "tests/test_preemption.py::test_a_stop_signal_checkpoints_the_step_and_the_rerun_resumes_exactly[15]": (
+        113,
+        "four runs of 300 steps: one straight, one stopped mid-task by the signal and resumed "
+        "through `aepg_jax.main`, one stopped at a task's last step and resumed",
+    ),
+    "tests/test_multiseed.py::test_seed_i_of_a_vmapped_run_equals_a_single_run_of_seed_i[pretrained-lae-per-step]": (
+        90,
+        "a vmapped run of the seeds and a single run of each, compared step by step",
+    ),
+    "tests/test_compiles.py::test_default_config_compiles_as_often_with_5_tasks_as_with_2": (
+        49,
+        "two runs of the default config, each compiling every program from an empty cache",
+    ),
+    "tests/test_scratch.py::test_8_devices_match_one_device": (
+        40,
+        "a run on one device and the same run compiled for 8 devices in a second process",
+    ),
+    "tests/test_preemption.py::test_the_scratch_trainer_stops_inside_an_epoch_and_resumes_exactly": (
+        39,
+        "four scratch runs: one straight, one stopped, its rerun stopped again, the last rerun",
+    ),
 }

@@ -1,17 +1,77 @@
 """Test-wide settings: the fit check (`continual/fit.py`) is skipped except where it is tested
-(`tests/test_fit.py` sets AEPG_FIT_CHECK=1); the persistent compilation cache
-(`system/xla_cache.py`) is off, so that no test writes into the user's cache and every test
-compiles as a first run does (the tests of the cache point it at their own directory). The
-tests of `ci_budget.SLOW_IN_CI` are marked `slow` here. A test whose pytest-xdist worker dies
-runs once more, on the worker that replaces it (a second death fails it)."""
+(`tests/test_fit.py` sets AEPG_FIT_CHECK=1). The persistent compilation cache
+(`system/xla_cache.py`) of the whole session is a fresh temporary directory, never the user's,
+shared by the session's pytest-xdist workers and the runs they start (`AEPG_COMPILE_CACHE`), so
+that a program the suite compiled once is read back by every later test; the tests of a first
+run's compilations take their own empty one (`fresh_compile_cache`). The tests of
+`ci_budget.SLOW_IN_CI` are marked `slow` here."""
 
 import os
-import sys
+import shutil
+import tempfile
 
 import pytest
 
 os.environ.setdefault("AEPG_FIT_CHECK", "0")
-os.environ.setdefault("AEPG_COMPILE_CACHE", "0")
+_CACHE_ENV = "AEPG_COMPILE_CACHE"  # system/xla_cache.ENV, without importing jax here
+_OWN_CACHE = "PYTEST_XDIST_WORKER" not in os.environ  # the session's first process
+if _OWN_CACHE:  # inherited by the xdist workers and every subprocess
+    os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="aepg_test_xla_")
+_SESSION_CACHE = os.environ[_CACHE_ENV]
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+
+
+def _use_compile_cache(path: str) -> None:
+    """Points this process's compilations at `path` from now on (jax settles on a cache at its
+    next compilation after `reset_cache`)."""
+    from jax._src import compilation_cache
+
+    from aepg_jax.system import xla_cache
+
+    compilation_cache.reset_cache()
+    xla_cache.enable(path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_compile_cache():
+    """The session's cache for the tests run in this process."""
+    _use_compile_cache(_SESSION_CACHE)
+
+
+@pytest.fixture
+def fresh_compile_cache(tmp_path_factory, monkeypatch):
+    """A function that moves this process's compilation cache (and that of the runs it starts)
+    to a new empty directory and returns it, so the next run compiles as a first run does; the
+    session's cache comes back after the test."""
+
+    def fresh():
+        path = str(tmp_path_factory.mktemp("xla"))
+        monkeypatch.setenv(_CACHE_ENV, path)
+        _use_compile_cache(path)
+        return path
+
+    yield fresh
+    _use_compile_cache(_SESSION_CACHE)
+
+
+@pytest.fixture(autouse=True)
+def _no_exit_of_the_test_process(monkeypatch):
+    """`os._exit` in pytest's own process (`hosts.leave(at_once=True)`, a second Ctrl-C of
+    `aepg_jax.main`) fails the test that reached it, with its traceback: it would end the
+    process without a word (pytest-xdist says only that its worker crashed). Processes forked
+    from it exit as they would."""
+    pid, exit_now = os.getpid(), os._exit
+
+    def _exit(status: int):
+        if os.getpid() != pid:
+            exit_now(status)
+        raise AssertionError(f"os._exit({status}) in the test's process: run it in a subprocess")
+
+    monkeypatch.setattr(os, "_exit", _exit)
 
 
 @pytest.fixture(scope="session")
@@ -45,25 +105,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in SLOW_IN_CI:
             item.add_marker(pytest.mark.slow)
-
-
-_RERUN: set[str] = set()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem, report, sched):
-    """pytest-xdist: the test that was running when its worker died is run once more (its
-    crash is said on stderr); a second death fails it."""
-    if crashitem in _RERUN:
-        return
-    _RERUN.add(crashitem)
-    print(f"\nworker died while running {crashitem}: running it once more", file=sys.stderr)
-    sched.mark_test_pending(crashitem)
-    report.outcome = "rerun"
-
-
-def pytest_report_teststatus(report):
-    """A test rerun after its worker died shows as `R`, not as a failure."""
-    if report.outcome == "rerun":
-        return "rerun", "R", "RERUN"
-    return None

@@ -30,8 +30,9 @@ def default_config(cache, **overrides):
     return apply_overrides(c, overrides)
 
 
-def _compilations(make, tmp_path, tasks: int, **overrides) -> dict:
-    jax.clear_caches()  # each run compiles its programs anew, as a fresh process would
+def _compilations(make, tmp_path, fresh_cache, tasks: int, **overrides) -> dict:
+    jax.clear_caches()  # each run compiles its programs anew, as a fresh process would,
+    fresh_cache()  # with an empty persistent cache
     cfg = make(
         tmp_path / "cache",
         **{"data.num_tasks": tasks, "max_steps_per_task": 3, "log_every_steps": 1, **overrides},
@@ -40,13 +41,14 @@ def _compilations(make, tmp_path, tasks: int, **overrides) -> dict:
     results = trainer.run(cfg, str(workdir))
     on_disk = json.loads((workdir / "results.json").read_text())["compilations"]
     assert on_disk == results["compilations"]
+    assert results["compilations"]["cached"] == 0  # a first run: every program compiled
     return results["compilations"]
 
 
-def _same_count(make, tmp_path, **overrides) -> dict:
+def _same_count(make, tmp_path, fresh_cache, **overrides) -> dict:
     """The 5-task run's compilations, after checking them against the 2-task run's."""
-    two = _compilations(make, tmp_path, 2, **overrides)
-    five = _compilations(make, tmp_path, 5, **overrides)
+    two = _compilations(make, tmp_path, fresh_cache, 2, **overrides)
+    five = _compilations(make, tmp_path, fresh_cache, 5, **overrides)
     # The run's programs (the train step, the evaluation, a method's own) compile once each.
     run_programs = {k: v["count"] for k, v in two["programs"].items() if k in PROGRAMS}
     assert run_programs.get("jit(step)") == 1 and run_programs.get("jit(eval_step)") == 1
@@ -57,9 +59,11 @@ def _same_count(make, tmp_path, **overrides) -> dict:
     return five
 
 
-def test_default_config_compiles_as_often_with_5_tasks_as_with_2(tmp_path, monkeypatch):
+def test_default_config_compiles_as_often_with_5_tasks_as_with_2(
+    tmp_path, monkeypatch, fresh_compile_cache
+):
     monkeypatch.setenv("AEPG_FIT_CHECK", "1")  # the check measures the programs training runs
-    programs = _same_count(default_config, tmp_path)
+    programs = _same_count(default_config, tmp_path, fresh_compile_cache)
     # Each heavy program once (the fit check's included), and at most 20 programs in all: the
     # initial state is one program per kind of tree (PEFT, heads, method state, train state).
     assert programs["count"] <= 20, programs["programs"]
@@ -78,12 +82,16 @@ def test_default_config_compiles_as_often_with_5_tasks_as_with_2(tmp_path, monke
         {"method.name": "hide_prompt", "method.hide_prompt_blocks": (0, 1)},
     ],
 )
-def test_method_test_configs_compile_as_often_with_5_tasks_as_with_2(tmp_path, overrides):
-    _same_count(tiny_config, tmp_path, **overrides)
+def test_method_test_configs_compile_as_often_with_5_tasks_as_with_2(
+    tmp_path, fresh_compile_cache, overrides
+):
+    _same_count(tiny_config, tmp_path, fresh_compile_cache, **overrides)
 
 
 @pytest.mark.slow  # ten tasks of EASE, 19 steps each: ~2 min on 2 cores
-def test_ease_trains_tasks_of_different_epoch_lengths_with_one_train_program(tmp_path):
+def test_ease_trains_tasks_of_different_epoch_lengths_with_one_train_program(
+    tmp_path, fresh_compile_cache
+):
     """EASE's per-epoch cosine annealing (its reference's schedule) over 10 one-class tasks of
     139-146 images, 17 or 18 batches of 8 per epoch: one train program for all of them, and
     each task's learning rate steps down at its own epoch boundary (the position is traced)."""
@@ -98,6 +106,7 @@ def test_ease_trains_tasks_of_different_epoch_lengths_with_one_train_program(tmp
         "log_every_steps": 1,
     }
     jax.clear_caches()
+    fresh_compile_cache()
     cfg = tiny_config(tmp_path / "cache", **overrides)
     results = trainer.run(cfg, str(tmp_path / "run"))
     assert results["compilations"]["programs"]["jit(step)"]["count"] == 1

@@ -35,13 +35,15 @@ OVERRIDES = {
 }
 
 
-# `aepg_jax.main` whose stop on a signal waits a minute before its checkpoint: a second Ctrl-C
-# sent meanwhile surely finds it unwritten.
+# `aepg_jax.main` whose stop on a signal creates the file argv[1] then waits a minute before its
+# checkpoint: a second Ctrl-C sent once the file is there surely finds it unwritten.
 SLOW_STOP = """
 import runpy, sys, time
 from aepg_jax.system import preemption
 save_and_stop = preemption.save_and_stop
+stopping = sys.argv.pop(1)
 def slowly(*args, **kwargs):
+    open(stopping, "w").close()
     time.sleep(60)
     return save_and_stop(*args, **kwargs)
 preemption.save_and_stop = slowly
@@ -238,10 +240,12 @@ def test_ctrl_c_in_the_default_run_resumes_at_its_step_and_a_second_one_stops_at
     every = schema.from_file(config).log_every_steps  # a train record every 10th step
     assert global_step - every < _train_records(workdir)[-1]["step"] <= global_step
 
-    resumed = _main(config, workdir, entry=("-c", SLOW_STOP))
+    stopping = tmp_path / "stopping"
+    resumed = _main(config, workdir, entry=("-c", SLOW_STOP, str(stopping)))
     _wait_for_training(resumed, workdir, task=2)
     resumed.send_signal(signal.SIGINT)
-    time.sleep(2.0)  # the first is handled within a step; its checkpoint waits in `slowly`
+    while not stopping.exists() and resumed.poll() is None:
+        time.sleep(0.05)  # the first is handled after its step: its checkpoint waits in `slowly`
     resumed.send_signal(signal.SIGINT)
     out, stderr = resumed.communicate(timeout=120)
     assert f"resuming from {checkpoints}: task 2, step {step}\n" in out

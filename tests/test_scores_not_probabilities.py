@@ -20,13 +20,13 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 import test_report  # the fake sweep's run folders, written as the trainer writes them
+from tiny import child_cpu_seconds
 
 from aepg_jax import methods, metrics
 from aepg_jax.continual import fit, programs, results, trainer
@@ -229,7 +229,7 @@ def _cli(tmp_path: pathlib.Path, *flags: str, timeout: float = 600) -> subproces
 
 @pytest.mark.slow
 def test_cli_refuses_ranpac_m_in_one_line_before_training(tmp_path):
-    start = time.monotonic()
+    start = child_cpu_seconds()
     done = _cli(
         tmp_path,
         "--config.method.name=ranpac",
@@ -243,7 +243,7 @@ def test_cli_refuses_ranpac_m_in_one_line_before_training(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists() or not os.listdir(
         tmp_path / "run" / "checkpoints"
     )
-    assert time.monotonic() - start < 120
+    assert child_cpu_seconds() - start < 120
 
 
 @pytest.mark.slow

@@ -45,19 +45,18 @@ def test_the_cost_estimate_counts_images_and_the_methods_extra_passes():
     assert estimate.run_flops(cfg) == pytest.approx(3 * plain)
 
 
-HOLD_FOR = """
-import sys, time
+HOLD_UNTIL_STDIN_CLOSES = """
+import sys
 from aepg_jax.runs import lock
 with lock.hold(sys.argv[1]):
     print("held", flush=True)
-    time.sleep(float(sys.argv[2]))
+    sys.stdin.read()
 """
 
 
 def test_a_worker_skips_done_held_and_just_failed_runs_and_waits_for_held_ones(
     tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setenv(claims.ENV_POLL, "0.2")
     runs = registry.get("demo").runs()[:4]
     units = list(enumerate(layout.units(runs)))
     root = str(tmp_path)
@@ -71,24 +70,34 @@ def test_a_worker_skips_done_held_and_just_failed_runs_and_waits_for_held_ones(
     started = claims.Started(root, units)
     assert claims.pending(root, units, started) == units[1:]
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_FOR, str(held), "2"],
+        [sys.executable, "-c", HOLD_UNTIL_STDIN_CLOSES, str(held)],
         cwd=REPO,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     assert holder.stdout.readline().strip() == "held"
+
+    def release_when_the_worker_waits() -> float:
+        """The worker waits for the held run: its holder releases the lock and exits."""
+        if not holder.stdin.closed:
+            holder.stdin.close()
+            holder.wait(timeout=60)
+        return 0.0
+
+    monkeypatch.setattr(claims, "poll_seconds", release_when_the_worker_waits)
     ran = []
 
-    def run_one(k, unit, left):
-        ran.append((k, holder.poll() is None))
+    def run_one(k, unit, left):  # returncode: None until the holder has exited
+        ran.append((k, holder.returncode is None))
         if k == 1:
             (failed / layout.ERROR_FILE).write_text("boom again\n")  # fails now: not retried
         else:
             (tmp_path / unit.name / "results.json").write_text("{}")
 
     claims.work(root, units, run_one, started)
-    holder.wait()
     assert ran == [(1, True), (2, True), (3, False)]  # run 3 once its holder had ended
+    assert holder.returncode == 0
     assert "waiting: the 1 runs left are held by other workers." in capsys.readouterr().out
     assert claims.pending(root, units, started) == []
 

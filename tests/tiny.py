@@ -8,8 +8,16 @@ it lets subprocess tests go through the real entry point. Imports nothing of `ae
 
 import json
 import pathlib
+import resource
 
 from aepg_jax.config import schema
+
+
+def child_cpu_seconds() -> float:
+    """CPU seconds of this process's ended children: what a bound on a subprocess's work
+    measures, which a loaded machine does not stretch as it does wall-clock time."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def tiny_config(cache_dir, **overrides):
