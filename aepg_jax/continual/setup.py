@@ -472,8 +472,8 @@ def checkpoint_target(run: Run, meta: dict) -> dict[str, steps.TrainState]:
             f"The checkpoints in {where} hold seeds {meta.get('seeds')}, this run trains "
             f"{list(run.axis.seeds)}; use a new workdir."
         )
-    task, phase = meta["task"], meta["phase"]
+    task = meta["task"]
     trainable = trainable_for(run, task)
-    one = run.method.state_like(task, phase, lambda t: run.axis.unstack(trainable_for(run, t))[0])
+    one = run.method.init_state(run.axis.unstack(trainable_for(run, 0))[0])  # run-static shapes
     method_state = run.axis.stack([one] * len(run.axis.seeds))
     return {"state": fresh_state(run, trainable, method_state, 0)}

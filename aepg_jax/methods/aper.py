@@ -29,16 +29,16 @@ cosine with no trained scale (the reference's `MultiBranchCosineIncrementalNet` 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax.methods import prototypes
 from aepg_jax.methods.base import Network, Params, TaskSpec
-from aepg_jax.methods.simplecil import Prototypes, backbone_features, num_classes_of
+from aepg_jax.methods.simplecil import Prototypes, backbone_features
+from aepg_jax.models import head as head_lib
 from aepg_jax.models import partition
 
 HEAD = "aper_cosine"  # under `head/`: labelled `head`, trained with the PEFT leaves at task 0
@@ -55,8 +55,6 @@ class Aper(Prototypes):
     """APER: the PEFT modules adapted on task 0, prototypes of [pretrained, adapted] features."""
 
     name = "aper"
-    uses_model_peft: ClassVar[bool] = True
-    defaults: ClassVar[dict[str, Any]] = {}
     eval_forwards: ClassVar[int] = 2  # the pretrained and the adapted backbone
     scores: ClassVar[dict[str, str]] = {
         "model": "cosine similarities to the class means, in [-1, 1]; the trained scale sigma "
@@ -88,7 +86,9 @@ class Aper(Prototypes):
         """Task 0 adds the adaptation head (drawn from `key`); later tasks add nothing."""
         if task != 0:
             return trainable
-        head = adaptation_head(key, num_classes_of(trainable), int(self.cfg.model.hidden_size))
+        head = adaptation_head(
+            key, head_lib.num_classes(trainable), int(self.cfg.model.hidden_size)
+        )
         return {**trainable, "head": {**trainable["head"], HEAD: head}}
 
     def adapted_features(self, trainable: Params, frozen: Params, images: jax.Array) -> jax.Array:
@@ -114,4 +114,4 @@ class Aper(Prototypes):
         """Task 0's training logits: `sigma cos(f_adapted, w_c)` over every class (C)."""
         head = trainable["head"][HEAD]
         feats = self.adapted_features(trainable, frozen, images)
-        return head["sigma"] * prototypes.cosine_logits(feats, head["weight"]), None
+        return head["sigma"] * head_lib.cosine_logits(feats, head["weight"]), None

@@ -42,6 +42,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
+from aepg_jax import schedules
 from aepg_jax.data import augment
 from aepg_jax.methods import prototypes
 from aepg_jax.methods.base import NEG
@@ -106,15 +107,16 @@ FeatureFn = Callable[[Any, jax.Array], jax.Array]
 StatsStep = Callable[[ClassGaussians, Any, Batch], ClassGaussians]
 
 
-def stats_program(features: FeatureFn, cfg: ml_collections.ConfigDict) -> StatsStep:
-    """`step(stats, params, batch)`, jitted: the batch's uint8 images through the test
-    transform and `features`, added to `stats` by label (run it with `prototypes.accumulate`)."""
+def stats_step(features: FeatureFn, cfg: ml_collections.ConfigDict) -> StatsStep:
+    """`class_statistics(stats, params, batch)`: the batch's uint8 images through the test
+    transform and `features`, added to `stats` by label (jit it once, `Method.compiled`; run it
+    with `prototypes.accumulate`)."""
 
     def class_statistics(stats: ClassGaussians, params: Any, batch: Batch) -> ClassGaussians:
         images = augment.test_transform(batch["image"], cfg.model.image_size, cfg.input.normalize)
         return stats.add(features(params, images), batch["label"], batch["mask"])
 
-    return jax.jit(class_statistics)
+    return class_statistics
 
 
 def cholesky_factors(covariances: jax.Array) -> jax.Array:
@@ -223,7 +225,7 @@ def align_classifier(
 
     def epoch_body(carry, inputs):
         e, xs, ys = inputs
-        lr = learning_rate * 0.5 * (1.0 + jnp.cos(jnp.pi * e / epochs))
+        lr = schedules.epoch_cosine(learning_rate, e, epochs)
 
         def step_body(carry, inp):
             params, buf, first = carry

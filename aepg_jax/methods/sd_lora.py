@@ -30,8 +30,6 @@ checkpointed, vmapped): `A_q`, `A_v` (T, n_blocks, r, D), `B_q`, `B_v` (T, n_blo
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import chex
@@ -122,11 +120,6 @@ class SDLoRA(ComposedParams, Method):
         net_cfg.peft.lora_rank = self.num_tasks * self.rank
         net_cfg.peft.lora_targets = _TARGETS
         self.net = Network(net_cfg)
-        self._store = jax.jit(self._stored)
-        if cfg.model.peft.kind != "none":
-            logging.info(
-                "SD-LoRA brings its own LoRAs: model.peft (%s) is not used.", cfg.model.peft.kind
-            )
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
@@ -164,9 +157,6 @@ class SDLoRA(ComposedParams, Method):
     def init_state(self, trainable: Params) -> Params:
         return self.initial_state()
 
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        return self.initial_state()
-
     def _rank_mask(self, task: int | jax.Array) -> jax.Array:
         """(r,) 1 for the rows of A (columns of B) task `task` uses."""
         return (jnp.arange(self.rank) < jnp.asarray(self.ranks)[task]).astype(jnp.float32)
@@ -195,7 +185,8 @@ class SDLoRA(ComposedParams, Method):
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
     ) -> Params:
         """Stores task t's A, B and the magnitudes it ended with."""
-        return self._store(trainable[KEY]["lora"], state, jnp.asarray(task.index, jnp.int32))
+        store = self.compiled("_stored", self._stored)
+        return store(trainable[KEY]["lora"], state, jnp.asarray(task.index, jnp.int32))
 
     def _stored(self, lora: Params, state: Params, t: jax.Array) -> Params:
         """`state` with task t's A, B and magnitudes (t traced: one program for the run)."""
