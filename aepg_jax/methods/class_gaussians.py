@@ -102,6 +102,16 @@ class ClassGaussians:
         cov = jnp.where((self.counts > 1.0)[:, None, None], self.m2 / denom, 0.0)
         return cov + ridge * jnp.eye(dim, dtype=jnp.float32)
 
+    def combined(self, other: ClassGaussians) -> ClassGaussians:
+        """The statistics of two disjoint sets of images as one: sums and counts add, and
+        `M2 = M2_a + M2_b + (n_a n_b / (n_a + n_b)) (mu_b - mu_a)(mu_b - mu_a)^T` (Chan et al.,
+        as `add` merges a batch)."""
+        delta = other.means() - self.means()
+        n, k = self.counts, other.counts
+        w = n * k / jnp.maximum(n + k, 1.0)
+        m2 = self.m2 + other.m2 + w[:, None, None] * delta[:, :, None] * delta[:, None, :]
+        return ClassGaussians(self.sums + other.sums, self.counts + other.counts, m2)
+
 
 FeatureFn = Callable[[Any, jax.Array], jax.Array]
 StatsStep = Callable[[ClassGaussians, Any, Batch], ClassGaussians]
