@@ -46,17 +46,8 @@ import jax.numpy as jnp
 import ml_collections
 from flax import traverse_util
 
-from aepg_jax.methods import prototypes
-from aepg_jax.methods.base import (
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    heads_of,
-    on_mesh,
-    predictions,
-)
+from aepg_jax.methods import base, prototypes
+from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec
 from aepg_jax.models import head as head_lib
 
 KEY = "ease"  # trainable `ease/adapter/...` (the `adapter/` path labels it peft)
@@ -268,7 +259,7 @@ class Ease(Method):
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """Task `task`'s fresh adapter and head scale sigma = 1; the model's PEFT dropped."""
         adapter = {**self.fresh_adapter(key), "sigma": jnp.ones((), jnp.float32)}
-        return {**heads_of(trainable), KEY: {"adapter": adapter}}
+        return {**base.heads_of(trainable), KEY: {"adapter": adapter}}
 
     # -- host side -----------------------------------------------------------------------------
 
@@ -316,7 +307,7 @@ class Ease(Method):
         """The prototype pass (one per subspace seen, at most S per task) and the completion."""
         c = state["prototypes"].shape[0]
         slot = jnp.asarray(task, jnp.int32)
-        sums = on_mesh(prototypes.ClassSums.zeros(c, self.width), frozen)
+        sums = base.on_mesh(prototypes.ClassSums.zeros(c, self.width), frozen)
         owner = jnp.asarray(head_lib.class_tasks(head_lib.head_sizes(trainable)))
         args = (sums, (frozen, state["adapters"], slot), batch)
         return {
@@ -374,4 +365,4 @@ class Ease(Method):
             self.beta,
             self.reweight,
         )
-        return predictions(logits, task)
+        return base.predictions(logits, task)

@@ -54,7 +54,7 @@ import ml_collections
 import numpy as np
 
 from aepg_jax.data import augment
-from aepg_jax.methods import base, prompting
+from aepg_jax.methods import base, blocks, prompting
 from aepg_jax.methods import class_gaussians as cg
 from aepg_jax.methods import task_identity as tii_lib
 from aepg_jax.methods.base import Network, Params, TaskContext, TaskSpec
@@ -182,7 +182,7 @@ class HiDePrompt(prompting.PromptMethod):
                 "variance."
             )
         if m.name == cls.name:
-            p += base.block_problems(
+            p += blocks.block_problems(
                 "hide_prompt_blocks",
                 m.hide_prompt_blocks,
                 cfg.model.depth,

@@ -46,20 +46,9 @@ import numpy as np
 from flax import traverse_util
 
 from aepg_jax.data import augment
-from aepg_jax.methods import dualgpm
-from aepg_jax.methods.base import (
-    ComposedParams,
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    block_problems,
-    cut_blocks,
-    heads_of,
-    on_mesh,
-    task_batches,
-)
+from aepg_jax.methods import base, dualgpm
+from aepg_jax.methods.base import ComposedParams, Method, Network, Params, TaskContext, TaskSpec
+from aepg_jax.methods.blocks import block_problems, cut_blocks
 from aepg_jax.models import partition, vit
 
 # InfLoRA's code (configs/mimg10_inflora*.json, docs/algorithm.md §15): Adam 5e-4, batch 128, 50
@@ -190,7 +179,7 @@ class InfLoRA(ComposedParams, Method):
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """Task `task`'s B_k, B_v (zeros, no randomness); the model's PEFT leaves dropped."""
-        kept = heads_of(trainable)
+        kept = base.heads_of(trainable)
         return {**kept, KEY: {"lora": {"B_k": self._zeros_b(), "B_v": self._zeros_b()}}}
 
     def _memories(self, state: Params) -> list[dualgpm.Memory]:
@@ -241,7 +230,7 @@ class InfLoRA(ComposedParams, Method):
             "retain": np.asarray([int(x.retain) for x in mems], np.int32),
         }
         # Replicated on the run's mesh: a multi-process checkpoint refuses one device's array.
-        return {**state, **on_mesh(memory, trainable)}
+        return {**state, **base.on_mesh(memory, trainable)}
 
     def covariance(
         self, ctx: TaskContext, state: Params, lora: Params | None, task: int, desc: str
@@ -251,10 +240,10 @@ class InfLoRA(ComposedParams, Method):
         lora = lora or {"B_k": self._zeros_b(), "B_v": self._zeros_b()}
         # The state and LoRA leaves placed like the backbone's: leaves made on the host (after
         # end_task) and leaves a step returned then have one sharding, so one program serves.
-        state, lora = on_mesh((state, lora), ctx.frozen)
+        state, lora = base.on_mesh((state, lora), ctx.frozen)
         task_index = jnp.asarray(task, jnp.int32)
         sums, count = None, 0
-        for batch in task_batches(ctx, desc):
+        for batch in base.task_batches(ctx, desc):
             s, c = self._cov_step()(ctx.frozen, state, lora, batch, task_index)
             sums, count = (s if sums is None else sums + s), count + c
         if sums is None:
@@ -266,7 +255,7 @@ class InfLoRA(ComposedParams, Method):
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The covariance pass, run twice per task (`begin_task` and `end_task`)."""
         lora = {"B_k": self._zeros_b(), "B_v": self._zeros_b()}
-        state, lora = on_mesh((state, lora), frozen)
+        state, lora = base.on_mesh((state, lora), frozen)
         args = (frozen, state, lora, batch, jnp.asarray(task, jnp.int32))
         return {"covariance": (self._cov_step(), args, 2)}
 
@@ -299,7 +288,7 @@ class InfLoRA(ComposedParams, Method):
         delta = {name: lora_delta(a, state[name] * earlier) for name in ("B_k", "B_v")}
         branch = {"A": a[task], "B_k": lora["B_k"], "B_v": lora["B_v"]}
         backbone = merged_backbone(frozen, self.blocks, delta["B_k"], delta["B_v"], branch)
-        return partition.merge(heads_of(trainable), backbone)
+        return partition.merge(base.heads_of(trainable), backbone)
 
     def block_inputs(self, params: Params, images: jax.Array) -> jax.Array:
         """The LN_0 outputs (n_blocks, B, N, D) of the chosen blocks, float32."""

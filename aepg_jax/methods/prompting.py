@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax.methods import base
+from aepg_jax.methods import blocks
 from aepg_jax.methods.base import Method, Network, Params, TaskSpec, predictions
 from aepg_jax.models import partition, vit
 
@@ -118,7 +118,7 @@ class PromptMethod(Method):
 
     def blocks(self, field: str) -> tuple[int, ...]:
         """`method.<field>` cut at the model's depth."""
-        return base.cut_blocks(self.cfg.method[field], self.cfg.model.depth)
+        return blocks.cut_blocks(self.cfg.method[field], self.cfg.model.depth)
 
     def init_prompts(self, key: jax.Array) -> Params:
         """The method's prompt leaves (fixed shapes for the whole run)."""

@@ -63,17 +63,8 @@ import ml_collections
 import numpy as np
 
 from aepg_jax.data import augment
-from aepg_jax.methods import prototypes
-from aepg_jax.methods.base import (
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    on_mesh,
-    predictions,
-    task_rows,
-)
+from aepg_jax.methods import base, prototypes
+from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec
 from aepg_jax.models import head, partition
 from aepg_jax.system import hosts
 
@@ -311,7 +302,7 @@ class RanPAC(Method):
     ) -> tuple[dict[str, jax.Array], jax.Array]:
         """`h W_o^T` over the seen classes (the reference keeps rows `[0, seen)` of W_o)."""
         h = project(self._features(net, trainable, frozen, images), state.get("w_rand"))
-        return predictions(jnp.matmul(h, state["readout"].T, precision=_HI), task)
+        return base.predictions(jnp.matmul(h, state["readout"].T, precision=_HI), task)
 
     # -- host side: the statistics after each task ----------------------------------------
 
@@ -323,7 +314,9 @@ class RanPAC(Method):
         """The adapted model's features (N, D) and labels (N,) of the task's training images,
         in the loader's order, gathered on the host (RanPAC.py L102-113)."""
         step = self.compiled("_batch_features", self._batch_features)
-        return task_rows(ctx, lambda b: step(trainable, ctx.frozen, b["image"]), "RanPAC features")
+        return base.task_rows(
+            ctx, lambda b: step(trainable, ctx.frozen, b["image"]), "RanPAC features"
+        )
 
     def end_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
@@ -334,14 +327,14 @@ class RanPAC(Method):
             # a process-local jax.Array put on a multi-process mesh makes a malformed array
             w_rand = draw_projection(jax.random.fold_in(ctx.key, 0), self.width, self.m)
             state["w_rand"] = np.asarray(w_rand)
-        state = on_mesh(state, trainable)  # w_rand drawn here is placed too
+        state = base.on_mesh(state, trainable)  # w_rand drawn here is placed too
         feats, labels = self.task_features(ctx, trainable)
         # Shuffled on the host: a jitted permutation compiles once per task size.
         seed = np.asarray(jax.random.key_data(jax.random.fold_in(ctx.key, 1)))
         order = np.random.default_rng(seed).permutation(len(labels))
         chunk = max(int(self.cfg.eval.batch_size), 1)
         # The host-made leaves (readout, kept rows) replicated on the run's mesh like the rest.
-        return on_mesh(self.update(state, feats[order], labels[order], chunk), trainable)
+        return base.on_mesh(self.update(state, feats[order], labels[order], chunk), trainable)
 
     def update(self, state: Params, feats: np.ndarray, labels: np.ndarray, chunk: int) -> Params:
         """The statistics and readout after one task whose features (N, D) and labels are in
@@ -397,7 +390,7 @@ class RanPAC(Method):
         w = jnp.ones((b,), jnp.float32)
         w_rand = state.get("w_rand")
         g, q = state["gram"], state["sums"]
-        w_rand, g, q = on_mesh((w_rand, g, q), trainable)
+        w_rand, g, q = base.on_mesh((w_rand, g, q), trainable)
         p = self.compiled
         images = batch["image"]
         return {

@@ -39,17 +39,9 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from aepg_jax.methods.base import (
-    ComposedParams,
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    block_problems,
-    cut_blocks,
-    heads_of,
-)
+from aepg_jax.methods import base
+from aepg_jax.methods.base import ComposedParams, Method, Network, Params, TaskContext, TaskSpec
+from aepg_jax.methods.blocks import block_problems, cut_blocks
 from aepg_jax.models import partition
 
 # The official code (models/sdlora.py `_train`, exps/sdlora_inr.json): SGD with momentum 0.9 on
@@ -179,7 +171,7 @@ class SDLoRA(ComposedParams, Method):
             "alpha": jnp.full((), init, jnp.float32),
             "alpha_prev": jnp.full((self.num_tasks,), init, jnp.float32),
         }
-        return {**heads_of(trainable), KEY: {"lora": lora}}
+        return {**base.heads_of(trainable), KEY: {"lora": lora}}
 
     def end_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
@@ -231,4 +223,4 @@ class SDLoRA(ComposedParams, Method):
                 flat[(*attn, f"{target}_A")] = a[:, i].reshape(big_t * r, d)
                 flat[(*attn, f"{target}_B")] = jnp.moveaxis(b[:, i], 0, 1).reshape(d, big_t * r)
                 flat[(*attn, f"{target}_scale")] = jnp.ones((), jnp.float32)
-        return partition.merge(heads_of(trainable), traverse_util.unflatten_dict(flat))
+        return partition.merge(base.heads_of(trainable), traverse_util.unflatten_dict(flat))

@@ -37,17 +37,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax.methods import prototypes
-from aepg_jax.methods.base import (
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    heads_of,
-    on_mesh,
-    predictions,
-)
+from aepg_jax.methods import base, prototypes
+from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec
 from aepg_jax.models import head
 
 
@@ -124,7 +115,7 @@ class Prototypes(Method):
         self, trainable: Params, state: Params, frozen: Params, batch, task: int
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The prototype pass, once per task (`end_task`)."""
-        sums = on_mesh(self.class_sums(state), trainable)
+        sums = base.on_mesh(self.class_sums(state), trainable)
         return {"prototypes": (self._sums_program(), (sums, (trainable, frozen), batch), 1)}
 
     # -- inside the jitted programs --------------------------------------------------------
@@ -157,7 +148,7 @@ class Prototypes(Method):
         images: jax.Array,
         task: TaskSpec,
     ) -> tuple[dict[str, jax.Array], jax.Array]:
-        return predictions(self.logits(trainable, frozen, state, images), task)
+        return base.predictions(self.logits(trainable, frozen, state, images), task)
 
 
 class SimpleCIL(Prototypes):
@@ -171,4 +162,4 @@ class SimpleCIL(Prototypes):
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """The heads alone: the model's PEFT leaves are dropped (nothing trains)."""
-        return heads_of(trainable)
+        return base.heads_of(trainable)

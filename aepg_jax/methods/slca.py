@@ -41,16 +41,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from aepg_jax.methods import class_gaussians, prototypes
-from aepg_jax.methods.base import (
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    heads_of,
-    predictions,
-)
+from aepg_jax.methods import base, class_gaussians, prototypes
+from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec
 from aepg_jax.methods.simplecil import plain_model_cfg
 from aepg_jax.models import head, partition
 
@@ -167,7 +159,7 @@ class SLCA(Method):
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """The heads and the backbone copy alone: the model's PEFT leaves are dropped."""
-        return {**heads_of(trainable), partition.FINETUNED: trainable[partition.FINETUNED]}
+        return {**base.heads_of(trainable), partition.FINETUNED: trainable[partition.FINETUNED]}
 
     def features(self, trainable: Params, images: jax.Array) -> jax.Array:
         """The fine-tuned backbone's final-norm cls token (B, D), float32."""
@@ -312,4 +304,4 @@ class SLCA(Method):
         feats = self.features(trainable, images)
         w, b = state["aligned"]["kernel"], state["aligned"]["bias"]
         logits = jnp.matmul(feats, w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
-        return predictions(logits + b, task)
+        return base.predictions(logits + b, task)
