@@ -467,6 +467,11 @@ def checkpoint_target(run: Run, meta: dict) -> dict[str, steps.TrainState]:
             f"The checkpoints in {where} were written by an older aepg_jax (state layout "
             f"{meta.get('state_layout', 1)}, this one reads {STATE_LAYOUT}); use a new workdir."
         )
+    if meta.get("method_layout") != run.method.layout:
+        raise checkpointing.IncompatibleCheckpoint(
+            f"The checkpoints in {where} keep {run.method.name}'s parameters in an older layout; "
+            f"this aepg_jax has {run.method.layout}; use a new workdir."
+        )
     if meta.get("seeds") != list(run.axis.seeds):
         raise checkpointing.IncompatibleCheckpoint(
             f"The checkpoints in {where} hold seeds {meta.get('seeds')}, this run trains "

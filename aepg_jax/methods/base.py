@@ -236,6 +236,9 @@ class Method:
     # are not one, with why; their ECE, NLL, test entropy and reliability diagram are null.
     scores: ClassVar[dict[str, str]] = {}
     logged_predictor: ClassVar[str | None] = None  # whose logits `predict` returns; None: first
+    # The layout of the method's trainable tree where its paths moved (None: as first written):
+    # a checkpoint saved under another layout is refused in one line that names this one.
+    layout: ClassVar[str | None] = None
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         self.cfg = cfg

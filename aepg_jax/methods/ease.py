@@ -3,8 +3,10 @@
 Expandable Subspace Ensemble (Zhou et al., CVPR 2024), as its code (sun-hailong/CVPR24-Ease)
 computes it. Every task t trains a fresh AdaptFormer adapter a_t (`peft.Adapter`, style
 `ffn`, width `method.ease_ffn_num`, in every block) with a cosine head over the task's
-classes, `logits = sigma cos(f_t(x), w_c)`, sigma a scalar trained with it (1 at the start of
-each task), under the configured loss on the task's own classes; earlier adapters are frozen.
+classes, `logits = sigma cos(f_t(x), w_c)` (`models/head.py`'s `cosine_head`: w_c the task
+heads' kernel columns, sigma the scalar `cosine_scale` trained with the adapter, 1 at the
+start of each task), under the configured loss on the task's own classes; earlier adapters
+are frozen.
 f_s(x) is the backbone's normed class token with adapter s (f_ptm: no adapter).
 
 After task t (end_task, on the task's training images under the test transform):
@@ -153,6 +155,7 @@ class Ease(Method):
     """Expandable subspace ensemble: per-task adapters, completed prototypes, cosine scoring."""
 
     name = "ease"
+    layout = head_lib.COSINE_LAYOUT
     official_head_init = "uniform"  # CosineLinear.reset_parameters: U(+-1/sqrt(D)), bias unused
     scores: ClassVar[dict[str, str]] = {
         "model": "weighted sums of cosine similarities to the class prototypes, with no "
@@ -258,8 +261,8 @@ class Ease(Method):
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """Task `task`'s fresh adapter and head scale sigma = 1; the model's PEFT dropped."""
-        adapter = {**self.fresh_adapter(key), "sigma": jnp.ones((), jnp.float32)}
-        return {**base.heads_of(trainable), KEY: {"adapter": adapter}}
+        adapter = self.fresh_adapter(key)
+        return head_lib.with_cosine_scale({**base.heads_of(trainable), KEY: {"adapter": adapter}})
 
     # -- host side -----------------------------------------------------------------------------
 
@@ -269,7 +272,7 @@ class Ease(Method):
         """Stores a_t; prototypes of the task's classes in subspaces 0..t (+ pretrained);
         old classes completed in the subspaces after their own."""
         t = int(task.index)
-        adapter = {k: v for k, v in trainable[KEY]["adapter"].items() if k != "sigma"}
+        adapter = trainable[KEY]["adapter"]
         num_classes = state["prototypes"].shape[0]
         owner = jnp.asarray(head_lib.class_tasks(task.head_sizes))
         chex.assert_shape(owner, (num_classes,))
@@ -327,10 +330,8 @@ class Ease(Method):
         task: TaskSpec,
     ) -> tuple[jax.Array, jax.Array | None]:
         """`sigma cos(f_t(x), w_c)` for every class's head column (the loss reads the task's)."""
-        adapter = trainable[KEY]["adapter"]
-        feats = self.features(frozen, {k: adapter[k] for k in ("down", "up")}, images)
-        kernel = head_lib.stack(trainable["head"], task.head_sizes)[0]
-        return adapter["sigma"] * head_lib.cosine_logits(feats, kernel.T), None
+        feats = self.features(frozen, trainable[KEY]["adapter"], images)
+        return head_lib.cosine_head(trainable, feats), None
 
     def predict(
         self,

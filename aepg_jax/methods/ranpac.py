@@ -2,9 +2,10 @@
 
 Phase 1, first-session adaptation (task 0 only; `trains_task`): the `model.peft` modules and a
 cosine classifier train with the configured loss (the reference's cross-entropy there):
-    logits = s cos(f(x), w_c)        s = `logit_scale` (trainable, starts at 1; `CosineLinear`)
+    logits = s cos(f(x), w_c)        (`models/head.py`'s `cosine_head`, `CosineLinear`)
 with w_c the task heads' kernel columns (`head_init` uniform: U(+-1/sqrt(D)), torch's
-`CosineLinear.reset_parameters`); the heads' biases are unused. Later tasks train nothing (the
+`CosineLinear.reset_parameters`; the heads' biases are unused) and s the trainable scale
+`cosine_scale`, 1 at the start. Later tasks train nothing (the
 PEFT stays as task 0 left it). With `model.peft.kind=none` no task trains (the reference's
 "RanPAC without PETL").
 
@@ -70,7 +71,6 @@ from aepg_jax.system import hosts
 
 RIDGES = 10.0 ** np.arange(-8, 9)  # RanPAC.py L139: the candidate lambdas, in this order
 FIT_FRACTION = 0.8  # RanPAC.py L140: the first 80% of the shuffled images fit, the rest score
-SCALE = "logit_scale"  # the cosine classifier's trainable scale (top-level leaf, label head)
 _HI = jax.lax.Precision.HIGHEST
 
 # RanPAC's args/*_publish.csv (ID 7, every dataset): SGD over the adapters and the cosine head
@@ -188,6 +188,7 @@ class RanPAC(Method):
 
     name = "ranpac"
     # CosineLinear.reset_parameters: U(+-1/sqrt(D)), inc_net.py L24-26.
+    layout = head.COSINE_LAYOUT
     official_head_init = "uniform"
     defaults: ClassVar[dict[str, Any]] = {"ranpac_m": 10000}
     scores: ClassVar[dict[str, str]] = {
@@ -266,14 +267,13 @@ class RanPAC(Method):
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """The cosine classifier's scale, 1 (`CosineLinear.sigma`), added once."""
-        if SCALE in trainable:
-            return trainable
-        return {**trainable, SCALE: jnp.ones((), jnp.float32)}
+        return trainable if head.COSINE_SCALE in trainable else head.with_cosine_scale(trainable)
 
     # -- the network ---------------------------------------------------------------------------
 
     def _features(self, net: Network, trainable: Params, frozen: Params, images: jax.Array):
-        params = partition.merge({k: v for k, v in trainable.items() if k != SCALE}, frozen)
+        kept = {k: v for k, v in trainable.items() if k != head.COSINE_SCALE}
+        params = partition.merge(kept, frozen)
         heads = head.head_sizes(params)
         return net.apply(params, images, heads)[1]["features"]
 
@@ -287,9 +287,7 @@ class RanPAC(Method):
         task: TaskSpec,
     ) -> tuple[jax.Array, jax.Array | None]:
         """`s cos(f, w_c)` over every class of the run (inc_net.py L30-47)."""
-        f = self._features(net, trainable, frozen, images)
-        w = head.stack(trainable["head"], head.head_sizes(trainable))[0]
-        return trainable[SCALE] * head.cosine_logits(f, w.T), None
+        return head.cosine_head(trainable, self._features(net, trainable, frozen, images)), None
 
     def predict(
         self,

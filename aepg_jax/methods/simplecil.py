@@ -50,8 +50,9 @@ def plain_model_cfg(model_cfg: ml_collections.ConfigDict) -> ml_collections.Conf
 
 
 def backbone_features(net: Network, params: Params, images: jax.Array) -> jax.Array:
-    """The final-norm cls token (B, D) of `params` (any head leaves dropped), float32."""
-    backbone = {k: v for k, v in params.items() if k != "head"}
+    """The final-norm cls token (B, D) of `params` (the heads and the cosine scale dropped),
+    float32."""
+    backbone = {k: v for k, v in params.items() if k not in ("head", head.COSINE_SCALE)}
     return net.apply(backbone, images, ())[1]["features"].astype(jnp.float32)
 
 

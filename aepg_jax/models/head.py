@@ -4,8 +4,9 @@
 without touching the earlier heads or anything else. The heads' shared maths lives here: the
 tasks' sizes and class count (`head_sizes`, `num_classes`: the `task_*` leaves under `head/`
 only, so a method may keep its own leaves there), the class -> task map (`class_tasks`), the
-heads as one classifier and back (`stack`, `unstack`) and the cosine head
-`sigma cos(f, w_c)` (`cosine_logits`). Its initialisations (`INITS`):
+heads as one classifier and back (`stack`, `unstack`), and the cosine head `sigma cos(f, w_c)`
+(`cosine_head`: APER's, EASE's and RanPAC's; w_c the task heads' kernel columns, their biases
+unused, sigma the top-level leaf `cosine_scale`). Its initialisations (`INITS`):
   normal   kernel ~ N(0, 0.001^2), bias 0 (gqk/LAE's `SimpleHead.weights_init`; `TaskHeads`'s)
   uniform  kernel and bias ~ U(-1/sqrt(D), 1/sqrt(D)) (torch's `nn.Linear` default: the head of
            GT-RIPL/CODA-Prompt's `ViTZoo`, CODA-P's default)
@@ -28,6 +29,13 @@ import jax.numpy as jnp
 import numpy as np
 
 KERNEL_INIT = nn.initializers.normal(stddev=1e-3)
+# The cosine head's scale sigma: a top-level trainable leaf, labelled `peft` (it trains with
+# the method's own modules: EASE's adapter, APER's and RanPAC's first-session PEFT).
+COSINE_SCALE = "cosine_scale"
+# `Method.layout` of the methods with the cosine head: their checkpoints from before it kept
+# sigma and the weights elsewhere (APER `head/aper_cosine`, EASE `ease/adapter/sigma`, RanPAC
+# `logit_scale`).
+COSINE_LAYOUT = "the cosine head's scale at cosine_scale and its weights in the task heads"
 INITS = ("normal", "uniform", "linear", "trunc_normal")
 TRUNC_STD = 0.02
 
@@ -103,6 +111,19 @@ def cosine_logits(features: jax.Array, weight: jax.Array, eps: float = 1e-12) ->
         return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
 
     return jnp.matmul(unit(features), unit(weight).T, precision=jax.lax.Precision.HIGHEST)
+
+
+def with_cosine_scale(trainable: dict[str, Any]) -> dict[str, Any]:
+    """`trainable` with the cosine head's scale at its start, sigma = 1 (`CosineLinear`)."""
+    return {**trainable, COSINE_SCALE: jnp.ones((), jnp.float32)}
+
+
+def cosine_head(trainable: dict[str, Any], features: jax.Array) -> jax.Array:
+    """`sigma cos(f, w_c)` (B, C) over every class: w_c the task heads' kernel columns (the
+    official init is `uniform`, `CosineLinear.reset_parameters`' U(+-1/sqrt(D))), sigma the
+    leaf `cosine_scale`; the heads' biases are unused."""
+    kernel = stack(trainable["head"], head_sizes(trainable))[0]
+    return trainable[COSINE_SCALE] * cosine_logits(features, kernel.T)
 
 
 def init_head(rng: jax.Array, width: int, num_classes: int, init: str = "normal") -> dict:
