@@ -10,7 +10,8 @@ clipped, so `alpha` holds its end value after the task. All schedules are jit-sa
   constant  alpha_t = alpha
 
 `per_task` joins one schedule per task with `optax.join_schedules`, so the schedule restarts at
-every task boundary.
+every task boundary. `epoch_cosine` is the per-epoch cosine learning rate of the methods'
+reference code (torch's `CosineAnnealingLR` stepped once per epoch).
 """
 
 from __future__ import annotations
@@ -70,6 +71,15 @@ def cosine_anneal(total_steps: int) -> optax.Schedule:
     """`alpha_t = 0.5 + 0.5 cos(pi t / T)`: from 1 at t=0 to 0 at T."""
     total_steps = _check_total_steps(total_steps)
     return lambda step: 0.5 + 0.5 * jnp.cos(math.pi * _fraction(step, total_steps))
+
+
+def epoch_cosine(lr: float, epoch: Any, epochs: int) -> Any:
+    """torch's `CosineAnnealingLR(T_max=epochs, eta_min=0)` stepped once per epoch: epoch e's
+    rate `lr (1 + cos(pi e / E)) / 2`, traced for a traced `epoch`, a float64-exact Python
+    float for an int one (a host loop's)."""
+    if isinstance(epoch, int | np.integer):
+        return lr * 0.5 * (1.0 + float(np.cos(np.pi * epoch / epochs)))
+    return lr * 0.5 * (1.0 + jnp.cos(jnp.pi * epoch / epochs))
 
 
 def constant(alpha: float) -> optax.Schedule:

@@ -180,7 +180,7 @@ def our_step(
     if "partitioned_adam" in off:
         optimizer = optax.with_extra_args_support(optax.adam(cfg.optim.learning_rate))
     method = methods.get(cfg.method.name)(cfg)
-    method_state = method.state_like(task.index, "in_task", lambda t: trainable)
+    method_state = method.init_state(trainable)
     method_state = jax.tree.map(jnp.zeros_like, method_state)
     hyper = schema.schedule_kwargs(cfg)
     host = make_batch(batch, cfg.data.store_size, num_classes, seed)

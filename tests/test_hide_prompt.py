@@ -12,7 +12,7 @@ from resume import assert_resumes_after_a_crash_in_end_task
 from tiny import tiny_config
 
 from aepg_jax.continual import trainer
-from aepg_jax.methods import TaskSpec
+from aepg_jax.methods import TaskSpec, task_identity
 from aepg_jax.methods import class_gaussians as cg
 from aepg_jax.methods import hide_prompt as hp
 from aepg_jax.runs import records
@@ -60,8 +60,8 @@ def test_training_prompt_has_momentum_from_task_1_and_task_maps_from_classes(tmp
 
     @jax.jit
     def infer(key, q):
-        tii = hp.tii_init(key, d, 2, c)
-        return hp.tii_logits(tii, q), hp.HiDePrompt.infer_task(tii, q, task.traced())
+        tii = task_identity.init(key, d, 2, c)
+        return task_identity.logits(tii, q), hp.HiDePrompt.infer_task(tii, q, task.traced())
 
     logits, got = infer(jax.random.key(1), q)
     cls = np.argmax(np.where(np.arange(c) < 5, logits, -np.inf), 1)
@@ -78,7 +78,7 @@ def test_combined_statistics_equal_those_of_all_the_features():
         z = cg.ClassGaussians.zeros(2, 3)
         a = z.add(f[:25], y[:25], jnp.ones(25, bool))
         b = z.add(f[25:], y[25:], jnp.ones(15, bool))
-        both = hp.combine(a, b)
+        both = a.combined(b)
         return both.means(), both.covariances()
 
     means, covs = moments(f, y)

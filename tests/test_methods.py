@@ -13,7 +13,7 @@ from test_driver import tiny_config
 
 from aepg_jax import methods
 from aepg_jax.config import schema
-from aepg_jax.continual import trainer
+from aepg_jax.continual import setup, trainer
 from aepg_jax.methods import base
 from aepg_jax.runs import checkpointing
 
@@ -113,6 +113,32 @@ def test_a_method_added_by_one_class_and_a_registry_entry_runs(tmp_path, monkeyp
     ]
     a, b = (summary["metrics"][p]["A_T"]["values"] for p in ("model", "model_again"))
     assert a == b
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"method.name": "aper"},
+        {"method.name": "ease"},
+        {"method.name": "ranpac", "method.ranpac_m": 8},
+    ],
+    ids=lambda o: o["method.name"],
+)
+def test_checkpoint_from_before_the_cosine_head_is_refused_in_one_line(tmp_path, overrides):
+    """APER's, EASE's and RanPAC's cosine head moved (sigma at `cosine_scale`, the weights the
+    task heads' kernels): a checkpoint saved before it (no `method_layout`) is refused."""
+    cfg = tiny_config(tmp_path / "cache", **{"data.num_tasks": 2, **overrides})
+    ckpt = checkpointing.Checkpointer(str(tmp_path / "run" / "checkpoints"))
+    meta = {"task": 0, "phase": "task_done", "epoch": 0, "seeds": [0], "trackers": []}
+    meta["state_layout"] = setup.STATE_LAYOUT
+    ckpt.save(2, {"state": {"w": jax.numpy.zeros(3)}}, meta)
+    ckpt.close()
+    name = overrides["method.name"]
+    with pytest.raises(
+        ValueError,
+        match=rf"keep {name}'s parameters in an older layout; .*cosine_scale.*use a new workdir\.$",
+    ):
+        trainer.run(cfg, str(tmp_path / "run"))
 
 
 def test_checkpoint_of_the_older_state_layout_is_refused(tmp_path):

@@ -22,6 +22,7 @@ from aepg_jax import methods
 from aepg_jax.continual import trainer
 from aepg_jax.data import augment
 from aepg_jax.methods import aper, base, simplecil
+from aepg_jax.models import head
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TASKS, PER_TASK = 3, 2
@@ -104,10 +105,13 @@ def _run(folder, tmp_path, monkeypatch, official, method):
             flat = jax.tree_util.tree_flatten_with_path(trainable)[0]
             assert any("adapter" in jax.tree_util.keystr(p) for p, _ in flat)
             trainable = _replace(trainable, peft)
-            head = trainable["head"][aper.HEAD]
-            weight = head["weight"].at[:PER_TASK].set(official["aper/init/fc.weight"])
-            sigma = jnp.asarray(official["aper/init/fc.sigma"][0])
-            trainable["head"][aper.HEAD] = {"weight": weight, "sigma": sigma}
+            # Task 0's classes: the official head's rows, as task 0's head kernel (D, n).
+            task_0 = {
+                **trainable["head"]["task_0"],
+                "kernel": jnp.asarray(official["aper/init/fc.weight"].T, jnp.float32),
+            }
+            trainable["head"] = {**trainable["head"], "task_0": task_0}
+            trainable[head.COSINE_SCALE] = jnp.asarray(official["aper/init/fc.sigma"][0])
         return trainable
 
     monkeypatch.setattr(aper.Aper, "grow", official_init)
@@ -159,11 +163,12 @@ def test_matches_the_official_code_end_to_end(name, official, folder, tmp_path, 
                     np.testing.assert_allclose(
                         ours[part][leaf], theirs[part][leaf], rtol=1e-4, atol=1e-6
                     )
-        head = trainable["head"][aper.HEAD]
+        kernel = trainable["head"]["task_0"]["kernel"]
         np.testing.assert_allclose(
-            head["weight"][:PER_TASK], official["aper/adapted/fc.weight"], rtol=1e-4, atol=1e-6
+            kernel.T, official["aper/adapted/fc.weight"], rtol=1e-4, atol=1e-6
         )
-        np.testing.assert_allclose(head["sigma"], official["aper/adapted/fc.sigma"][0], rtol=1e-5)
+        sigma = trainable[head.COSINE_SCALE]
+        np.testing.assert_allclose(sigma, official["aper/adapted/fc.sigma"][0], rtol=1e-5)
         # Frozen after task 0: the PEFT leaves of the last task are those after adaptation.
         last = recorded[-1][0]["Transformer"]
         assert jax.tree.all(jax.tree.map(np.array_equal, last, trainable["Transformer"]))

@@ -26,6 +26,7 @@ from aepg_jax.data import augment
 from aepg_jax.methods import TaskContext, TaskSpec
 from aepg_jax.methods.ease import KEY, Ease
 from aepg_jax.models import vit
+from aepg_jax.models.head import COSINE_SCALE
 
 FIXTURE = Path(__file__).parent / "fixtures" / "official_ease.npz"
 WEIGHTS = Path(__file__).parent / "fixtures" / "timm_tiny_vit.safetensors"
@@ -105,8 +106,8 @@ def run():
         }
         after = []
         for t in range(TASKS):
-            adapter = {**_adapter(fx, f"{name}/init_adapter", t), "sigma": jnp.ones(())}
-            trainable = {"head": heads, KEY: {"adapter": adapter}}
+            adapter = _adapter(fx, f"{name}/init_adapter", t)
+            trainable = {"head": heads, KEY: {"adapter": adapter}, COSINE_SCALE: jnp.ones(())}
             opt_state = opt.init(trainable)
             for order in fx["orders"][t]:
                 for s in range(0, len(order), BATCH):
@@ -142,7 +143,7 @@ def run():
             _, logits = predict(None, trainable, frozen, state, x_test, _task(t).traced())
             r = out[name]
             r["adapter"].append(trainable[KEY]["adapter"])
-            r["sigma"].append(float(trainable[KEY]["adapter"]["sigma"]))
+            r["sigma"].append(float(trainable[COSINE_SCALE]))
             r["prototypes"].append(np.asarray(state["prototypes"]))
             r["logits"].append(np.asarray(logits))
     return fx, out

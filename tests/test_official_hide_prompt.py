@@ -13,6 +13,7 @@ both stages' class means and covariances, the TII logits, the inferred tasks, th
 and the accuracy matrix.
 """
 
+import functools
 import os
 from pathlib import Path
 
@@ -22,12 +23,13 @@ import numpy as np
 import pytest
 from test_input_files import _tiny_augreg_config
 
-from aepg_jax import losses
+from aepg_jax import losses, schedules
 from aepg_jax.checkpoints import weights
 from aepg_jax.continual import steps
 from aepg_jax.data import augment
 from aepg_jax.methods import Network, TaskSpec
 from aepg_jax.methods import hide_prompt as hp
+from aepg_jax.methods import task_identity as ti
 from aepg_jax.models import vit
 
 FIXTURE = Path(__file__).parent / "fixtures" / "official_hide_prompt.npz"
@@ -126,7 +128,13 @@ def run():
 
     predict = jax.jit(lambda tr, st, x, task: method.predict(net, tr, frozen, st, x, task))
     query = jax.jit(lambda fr, x: hp.prompting.query(net, fr, x))
-    p = method.programs()
+    momentum, stats = jax.jit(method.momentum), jax.jit(method.statistics)
+    combined = jax.jit(hp.combined)
+    merge = jax.jit(functools.partial(hp.merge_statistics, diagonal=False))
+    tii_step = jax.jit(functools.partial(ti.train_step, lr=cfg.method.hide_prompt_tii_lr))
+    tii_opt_init = jax.jit(ti.optimizer(cfg.method.hide_prompt_tii_lr).init)
+    align_step = jax.jit(ti.align_step)
+    align_heads = jax.jit(functools.partial(ti.align_heads, lr=TAP_LR))
     out = {k: [] for k in ("train_loss", "tii_loss", "tii_align_loss", "tap_align_loss")}
     for k in ("prompt", "heads", "tii", "wtp_stats", "tii_stats", "tii_logits", "slots", "logits"):
         out[k] = []
@@ -144,7 +152,7 @@ def run():
                 )
                 out["train_loss"].append(float(loss))
         # end_task's steps, with the official order and samples where it draws its own.
-        e = p["momentum"](trainable["prompt"]["e"], traced)
+        e = momentum(trainable["prompt"]["e"], traced)
         trainable = {**trainable, "prompt": {"e": e}}
         own = np.nonzero((fx["labels_train"] // PER_TASK) == t)[0]
         wtp = tiig = None
@@ -156,39 +164,40 @@ def run():
                 "label": jnp.asarray(fx["labels_train"][b]),
                 "mask": jnp.ones(len(b), bool),
             }
-            w, g, q = p["stats"](trainable, frozen, batch, traced)
-            wtp, tiig = (w, g) if wtp is None else p["combine"]((wtp, tiig), (w, g))
+            w, g, q = stats(trainable, frozen, batch, traced)
+            wtp, tiig = (w, g) if wtp is None else combined((wtp, tiig), (w, g))
             feats.append(np.asarray(q))
         state = {
             **state,
-            "wtp_stats": p["merge"](state["wtp_stats"], wtp, traced),
-            "tii_stats": p["merge"](state["tii_stats"], tiig, traced),
+            "wtp_stats": merge(state["wtp_stats"], wtp, traced),
+            "tii_stats": merge(state["tii_stats"], tiig, traced),
         }
         orders = fx["orders"][t][:TII_EPOCHS] - own[0]
-        tii, tii_losses = method.train_tii_orders(
-            tii, np.concatenate(feats), fx["labels_train"][own], spec, orders
-        )
+        tii, tii_losses = ti.train(
+            tii_step, tii, tii_opt_init(tii), np.concatenate(feats), fx["labels_train"][own],
+            spec, orders, BATCH,
+        )  # fmt: skip
         out["tii_loss"] += [float(x) for x in tii_losses]
         heads = trainable["head"]
         if t > 0:
-            sgd = p["sgd_init"](tii)
+            sgd = ti.SGD.init(tii)
             n_steps = spec.offset  # the classes learned before: batches per epoch
             for j, (f, y) in enumerate(
                 zip(fx["tii/align_features"], fx["tii/align_labels"], strict=True)
             ):
-                rate = hp.cosine_rate(TII_CA_LR, j // n_steps, CA_EPOCHS)
-                tii, sgd, loss = method.align_batch(tii, sgd, f, y, rate, spec)
+                rate = jnp.float32(schedules.epoch_cosine(TII_CA_LR, j // n_steps, CA_EPOCHS))
+                tii, sgd, loss = align_step(tii, sgd, f[None], y[None], 0, rate, traced)
                 out["tii_align_loss"].append(float(loss))
             x = fx["wtp/align_features"].reshape(
                 CA_EPOCHS, n_steps, *fx["wtp/align_features"].shape[1:]
             )
             y = fx["wtp/align_labels"].reshape(CA_EPOCHS, n_steps, -1)
-            heads, tap_losses = p["align_heads"](heads, x, y, traced)
+            heads, tap_losses = align_heads(heads, x, y, traced)
             out["tap_align_loss"] += [float(v) for v in np.asarray(tap_losses).ravel()]
         state = {**state, "tii": tii, "head": heads}
         _, logits = predict(trainable, state, x_test, traced)
         q_test = query(frozen, x_test)
-        out["tii_logits"].append(np.asarray(hp.tii_logits(tii, q_test)))
+        out["tii_logits"].append(np.asarray(ti.logits(tii, q_test)))
         out["slots"].append(np.asarray(hp.HiDePrompt.infer_task(tii, q_test, traced)))
         out["logits"].append(np.asarray(logits))
         out["prompt"].append(np.asarray(trainable["prompt"]["e"]))
@@ -212,9 +221,9 @@ def test_training_and_alignment_losses_equal_the_official(run):
     # The official rates: constant training rates, per-epoch cosine alignment rates.
     np.testing.assert_allclose(fx["wtp/train_lr"], LR)
     np.testing.assert_allclose(fx["tii/train_lr"], TII_LR)
-    rates = [hp.cosine_rate(TII_CA_LR, j // PER_TASK, CA_EPOCHS) for j in range(4)]
+    rates = [schedules.epoch_cosine(TII_CA_LR, j // PER_TASK, CA_EPOCHS) for j in range(4)]
     np.testing.assert_allclose(fx["tii/align_lr"], rates, rtol=1e-6)
-    rates = [hp.cosine_rate(TAP_LR, j // PER_TASK, CA_EPOCHS) for j in range(4)]
+    rates = [schedules.epoch_cosine(TAP_LR, j // PER_TASK, CA_EPOCHS) for j in range(4)]
     np.testing.assert_allclose(fx["wtp/align_lr"], rates, rtol=1e-6)
 
 

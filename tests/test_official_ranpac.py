@@ -177,7 +177,7 @@ def test_first_session_adaptation_equals_the_official_code(official, tmp_path, m
             trainable = _put(trainable, _official_adapters(official, "init"))
             kernel = official["adapt/init/fc.weight"].T
             trainable = _put(trainable, {"head": {head.task_name(0): {"kernel": kernel}}})
-            trainable[ranpac.SCALE] = jnp.float32(official["adapt/init/fc.sigma"][0])
+            trainable[head.COSINE_SCALE] = jnp.float32(official["adapt/init/fc.sigma"][0])
         return trainable
 
     def record(self, task, trainable, state, ctx):
@@ -198,7 +198,9 @@ def test_first_session_adaptation_equals_the_official_code(official, tmp_path, m
     kernel = np.asarray(ours["head"][head.task_name(0)]["kernel"]).T
     ref = official["adapt/adapted/fc.weight"]
     np.testing.assert_allclose(kernel, ref, rtol=0, atol=1e-6 * np.abs(ref).max() + 1e-6)
-    np.testing.assert_allclose(ours[ranpac.SCALE], official["adapt/adapted/fc.sigma"][0], rtol=1e-6)
+    np.testing.assert_allclose(
+        ours[head.COSINE_SCALE], official["adapt/adapted/fc.sigma"][0], rtol=1e-6
+    )
     # Frozen after task 0: the adapters of the last task are those after adaptation.
     last = recorded[-1]["Transformer"]
     assert jax.tree.all(jax.tree.map(np.array_equal, last, ours["Transformer"]))

@@ -21,7 +21,7 @@ from aepg_jax.continual import trainer
 from aepg_jax.methods import (
     Network,
     TaskSpec,
-    base,
+    blocks,
     coda_prompt,
     dualprompt,
     l2p,
@@ -116,7 +116,7 @@ def test_cosine_and_normalize():
     q = jnp.array([[3.0, 4.0], [0.0, 0.0]])
     keys = jnp.array([[1.0, 0.0], [0.0, 2.0]])
     np.testing.assert_allclose(prompting.cosine(q, keys), [[0.6, 0.8], [0.0, 0.0]], atol=1e-7)
-    assert base.cut_blocks((0, 1, 2, 3, 4), 4) == (0, 1, 2, 3)
+    assert blocks.cut_blocks((0, 1, 2, 3, 4), 4) == (0, 1, 2, 3)
 
 
 def test_prompt_leaves_are_labelled_peft():

@@ -14,8 +14,9 @@ from resume import assert_resumes_after_a_crash_in_end_task
 from tiny import tiny_config
 
 from aepg_jax.continual import trainer
-from aepg_jax.methods import prototypes, ranpac
+from aepg_jax.methods import ranpac
 from aepg_jax.methods.base import peft_of
+from aepg_jax.models import head
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -99,7 +100,7 @@ def test_ridge_search_and_dual_readout_equal_float64_solves(n, m):
 def test_first_session_logits_are_a_scaled_cosine_and_the_check_names_the_field():
     f = jnp.asarray([[3.0, 4.0]])
     w = jnp.asarray([[1.0, 0.0], [0.0, 2.0]]).T
-    np.testing.assert_allclose(2.0 * prototypes.cosine_logits(f, w.T), [[1.2, 1.6]], rtol=1e-6)
+    np.testing.assert_allclose(2.0 * head.cosine_logits(f, w.T), [[1.2, 1.6]], rtol=1e-6)
     cfg = tiny_config(
         pathlib.Path("/nonexistent"), **{"method.name": "ranpac", "method.ranpac_m": -1}
     )

@@ -296,6 +296,7 @@ class Bookkeeping:
         """What a checkpoint stores beside the state."""
         return {
             "state_layout": setup.STATE_LAYOUT,
+            "method_layout": self.run.method.layout,
             "task": task,
             "phase": phase,
             "epoch": epoch,

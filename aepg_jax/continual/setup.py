@@ -467,13 +467,18 @@ def checkpoint_target(run: Run, meta: dict) -> dict[str, steps.TrainState]:
             f"The checkpoints in {where} were written by an older aepg_jax (state layout "
             f"{meta.get('state_layout', 1)}, this one reads {STATE_LAYOUT}); use a new workdir."
         )
+    if meta.get("method_layout") != run.method.layout:
+        raise checkpointing.IncompatibleCheckpoint(
+            f"The checkpoints in {where} keep {run.method.name}'s parameters in an older layout; "
+            f"this aepg_jax has {run.method.layout}; use a new workdir."
+        )
     if meta.get("seeds") != list(run.axis.seeds):
         raise checkpointing.IncompatibleCheckpoint(
             f"The checkpoints in {where} hold seeds {meta.get('seeds')}, this run trains "
             f"{list(run.axis.seeds)}; use a new workdir."
         )
-    task, phase = meta["task"], meta["phase"]
+    task = meta["task"]
     trainable = trainable_for(run, task)
-    one = run.method.state_like(task, phase, lambda t: run.axis.unstack(trainable_for(run, t))[0])
+    one = run.method.init_state(run.axis.unstack(trainable_for(run, 0))[0])  # run-static shapes
     method_state = run.axis.stack([one] * len(run.axis.seeds))
     return {"state": fresh_state(run, trainable, method_state, 0)}

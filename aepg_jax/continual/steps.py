@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from aepg_jax import losses
+from aepg_jax import losses, schedules
 from aepg_jax.data import augment
 from aepg_jax.methods import Method, Network, TaskSpec
 from aepg_jax.methods.base import NEG
@@ -273,8 +273,7 @@ def cosine_annealing(lr: float, epochs: int, steps_per_epoch: int | jax.Array) -
     RanPAC's and EASE's code): epoch `e` trains at `lr (1 + cos(pi e / E)) / 2`."""
 
     def schedule(count: jax.Array) -> jax.Array:
-        epoch = jnp.minimum(count // steps_per_epoch, epochs - 1)
-        return lr * 0.5 * (1.0 + jnp.cos(jnp.pi * epoch / epochs))
+        return schedules.epoch_cosine(lr, jnp.minimum(count // steps_per_epoch, epochs - 1), epochs)
 
     return schedule
 

@@ -4,15 +4,8 @@ The task loop, the train and eval steps, checkpointing, multi-seed vmapping and 
 know no method by name: they call the hooks of `get(cfg.method.name)(cfg)` (see `base.py` for
 the interface and when each hook runs). Plain's behaviour is `Method`'s defaults.
 
-How to add a method:
-  1. Write `methods/<name>.py` with a `Method` subclass: `name`, `predictors` if it reports
-     more than one, `defaults` for its `method.*` config fields and `check` to validate them,
-     and the hooks it needs (its state's structure in `state_like`, task-boundary work in
-     `begin_task` / `grow` / `end_task`, its forward pass and extra loss in `forward`,
-     per-step updates in `after_step`, its predictors in `predict`, the tasks it does not
-     train in `trains_task`; class prototypes from `prototypes.py`).
-  2. Add the class to `REGISTRY` below.
-Nothing else changes: the loop, the steps, checkpoints and reports pick it up.
+How to add a method: docs/methods.md "How to add a method" (its module, built from the shared
+pieces of `base.py` and `models/head.py`, and its line in `REGISTRY` below).
 """
 
 from __future__ import annotations

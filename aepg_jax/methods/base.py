@@ -12,7 +12,7 @@ into one jitted program over every seed unless `grows_on_host`):
     init_state(trainable) -> state                                  the state before task 0
     trains_task(task) -> bool                  False: task t gets no optimizer step (its hooks
                                                and evaluation still run)
-    state_like(task, phase, trainable_at) -> state                  a checkpoint's structure
+The state's shapes hold for the whole run: a checkpoint's is `init_state` of task 0's tree.
 Inside the jitted train step (pure):
     forward(net, trainable, frozen, state, images, task) -> (logits, extra_loss | None)
     after_step(trainable, state, task) -> state                     after each optimizer update
@@ -32,6 +32,9 @@ Config:
         normal unless it says), the init of `method.head_init=official` (the default)
     earlier_head_init(flat): how its heads started in a (flat) config saved before
         `method.head_init` existed (`head_init_before_field`; identity of runs saved then)
+Shared pieces: `compiled` (a host hook's jitted program, once per instance), `predictions`
+(the predict epilogue), `task_batches` / `task_rows` (a pass over the task's training images),
+`on_mesh` (host-made leaves replicated on the run's mesh); the heads' maths is `models/head.py`.
 Reports:
     scores: {predictor: why its outputs are scores, not a trained probability model}; their
         calibration (ECE, NLL, test entropy, reliability) is null in results.json with the note
@@ -42,16 +45,20 @@ Reports:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+import functools
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from aepg_jax.metrics import SCORES
 from aepg_jax.models import partition, vit
+from aepg_jax.system import hosts, progress
 
 Params = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -153,6 +160,47 @@ def softmax_probs(logits: jax.Array) -> jax.Array:
     return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
 
 
+def predictions(logits: jax.Array, task: TaskSpec) -> tuple[dict[str, jax.Array], jax.Array]:
+    """`predict`'s answer for one predictor, `model`: the softmax of the logits (B, C) with the
+    unseen classes masked, and the masked logits."""
+    logits = mask_unseen(logits, task)
+    return {"model": softmax_probs(logits)}, logits
+
+
+def on_mesh(tree: Any, like: Any) -> Any:
+    """`tree` replicated on the mesh that `like`'s leaves live on (unchanged where they have
+    none): host-made leaves (NumPy, fresh zeros) placed as a jitted program's outputs will be,
+    so that the program compiles once, and a multi-process checkpoint takes them."""
+    sharding = getattr(jax.tree.leaves(like)[0], "sharding", None)
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return tree
+    replicated = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return jax.device_put(tree, replicated)
+
+
+def task_batches(ctx: TaskContext, desc: str) -> Iterator[Batch]:
+    """The task's training batches (`ctx.train_batches()`) under process 0's progress bar."""
+    yield from progress.new(
+        ctx.train_batches(), desc=desc, unit="batch", leave=False, disable=jax.process_index() != 0
+    )
+
+
+def task_rows(
+    ctx: TaskContext, fn: Callable[[Batch], jax.Array], desc: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """`fn(batch)` (B, F) over the task's training batches, in order, with every process's rows
+    gathered to the host: the valid rows' outputs (N, F) float32 and labels (N,) int32."""
+    out, labels = [], []
+    for batch in task_batches(ctx, desc):
+        f, y, keep = hosts.gather((fn(batch), batch["label"], batch["mask"]))
+        keep = np.asarray(keep).astype(bool)
+        out.append(np.asarray(f)[keep])
+        labels.append(np.asarray(y)[keep])
+    if not out:
+        raise ValueError(f"{desc}: the task has no training images.")
+    return np.concatenate(out).astype(np.float32), np.concatenate(labels).astype(np.int32)
+
+
 class Method:
     """Plain fine-tuning: one set of trainable PEFT + head leaves, no extra state or loss."""
 
@@ -186,9 +234,27 @@ class Method:
     # are not one, with why; their ECE, NLL, test entropy and reliability diagram are null.
     scores: ClassVar[dict[str, str]] = {}
     logged_predictor: ClassVar[str | None] = None  # whose logits `predict` returns; None: first
+    # The layout of the method's trainable tree where its paths moved (None: as first written):
+    # a checkpoint saved under another layout is refused in one line that names this one.
+    layout: ClassVar[str | None] = None
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         self.cfg = cfg
+        self._compiled: dict[str, Callable] = {}
+        peft = cfg.model.peft.kind
+        if not self.uses_model_peft and peft != "none" and cfg.method.name == self.name:
+            logging.info(
+                "%s brings its own parameters: model.peft (%s) is not used.", self.name, peft
+            )
+
+    def compiled(self, name: str, fn: Callable, **jit_kwargs: Any) -> Callable:
+        """`jax.jit(fn)` named `name` (the compile report's name), built once per instance: the
+        fit check, `host_programs` and the hooks call one program, one compilation per run."""
+        if name not in self._compiled:
+            named = functools.wraps(fn)(functools.partial(fn))
+            named.__name__ = named.__qualname__ = name
+            self._compiled[name] = jax.jit(named, **jit_kwargs)
+        return self._compiled[name]
 
     @classmethod
     def calibration_notes(cls) -> dict[str, str]:
@@ -244,12 +310,6 @@ class Method:
         """The method state before task 0, given the first trainable tree (every task's head
         and the method's task-0 leaves); its shapes hold for the whole run."""
         return {}
-
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        """A tree shaped like the method state checkpointed at (`task`, `phase`), where phase
-        is `in_task` or `task_done`; `trainable_at(t)` is the trainable tree during task t.
-        Run-static: the state before task 0."""
-        return self.init_state(trainable_at(0))
 
     def begin_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
@@ -312,9 +372,9 @@ class Method:
     ) -> tuple[dict[str, jax.Array], jax.Array]:
         """Each predictor's probabilities over the classes (those after task `task.index`
         masked to probability 0), and the (masked) logits whose entropy is logged."""
-        logits = net.apply(partition.merge(trainable, frozen), images, task.head_sizes)[0]
-        logits = mask_unseen(logits, task)
-        return {"model": softmax_probs(logits)}, logits
+        return predictions(
+            net.apply(partition.merge(trainable, frozen), images, task.head_sizes)[0], task
+        )
 
 
 @jax.jit
@@ -332,43 +392,6 @@ def peft_of(trainable: Params) -> Params:
 def heads_of(trainable: Params) -> Params:
     """The head leaves of a trainable tree (PEFT dropped)."""
     return partition.split(trainable, partition.label_params(trainable), (partition.HEAD,))[0]
-
-
-def cut_blocks(blocks: Sequence[int], depth: int) -> tuple[int, ...]:
-    """The blocks below the model's depth (defaults name blocks a tiny ViT may not have)."""
-    return tuple(int(b) for b in blocks if int(b) < depth)
-
-
-def block_problems(
-    field: str,
-    blocks: Sequence[int],
-    depth: int,
-    default: Sequence[int] | None = None,
-    own: bool = True,
-) -> list[str]:
-    """Problems with a `method.<field>` block list: ints >= 0, distinct; where the method runs
-    (`own`), one below the depth and a list other than the `default` (which is cut at the
-    depth) all below it."""
-    if not all(isinstance(b, int) and b >= 0 for b in blocks) or len(set(blocks)) != len(blocks):
-        return [f"method.{field}={tuple(blocks)} must be distinct block indices >= 0."]
-    if not own:
-        return []
-    if not cut_blocks(blocks, depth):
-        return [f"method.{field}={tuple(blocks)} has no block below model.depth={depth}."]
-    return out_of_depth_problems(field, blocks, depth, default)
-
-
-def out_of_depth_problems(
-    field: str, blocks: Sequence[int], depth: int, default: Sequence[int] | None
-) -> list[str]:
-    """An explicit block list naming blocks the model does not have is refused, not cut."""
-    beyond = [int(b) for b in blocks if int(b) >= depth]
-    if not beyond or (default is not None and tuple(blocks) == tuple(default)):
-        return []
-    return [
-        f"method.{field}={tuple(blocks)} names block(s) {tuple(beyond)} of a model with "
-        f"model.depth={depth} blocks; use indices 0..{depth - 1}."
-    ]
 
 
 class ComposedParams:
@@ -406,5 +429,4 @@ class ComposedParams:
         task: TaskSpec,
     ) -> tuple[dict[str, jax.Array], jax.Array]:
         params = self.params(trainable, frozen, state, task.index)
-        logits = mask_unseen(self.net.apply(params, images, task.head_sizes)[0], task)
-        return {"model": softmax_probs(logits)}, logits
+        return predictions(self.net.apply(params, images, task.head_sizes)[0], task)

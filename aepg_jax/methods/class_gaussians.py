@@ -42,6 +42,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
+from aepg_jax import schedules
 from aepg_jax.data import augment
 from aepg_jax.methods import prototypes
 from aepg_jax.methods.base import NEG
@@ -101,20 +102,31 @@ class ClassGaussians:
         cov = jnp.where((self.counts > 1.0)[:, None, None], self.m2 / denom, 0.0)
         return cov + ridge * jnp.eye(dim, dtype=jnp.float32)
 
+    def combined(self, other: ClassGaussians) -> ClassGaussians:
+        """The statistics of two disjoint sets of images as one: sums and counts add, and
+        `M2 = M2_a + M2_b + (n_a n_b / (n_a + n_b)) (mu_b - mu_a)(mu_b - mu_a)^T` (Chan et al.,
+        as `add` merges a batch)."""
+        delta = other.means() - self.means()
+        n, k = self.counts, other.counts
+        w = n * k / jnp.maximum(n + k, 1.0)
+        m2 = self.m2 + other.m2 + w[:, None, None] * delta[:, :, None] * delta[:, None, :]
+        return ClassGaussians(self.sums + other.sums, self.counts + other.counts, m2)
+
 
 FeatureFn = Callable[[Any, jax.Array], jax.Array]
 StatsStep = Callable[[ClassGaussians, Any, Batch], ClassGaussians]
 
 
-def stats_program(features: FeatureFn, cfg: ml_collections.ConfigDict) -> StatsStep:
-    """`step(stats, params, batch)`, jitted: the batch's uint8 images through the test
-    transform and `features`, added to `stats` by label (run it with `prototypes.accumulate`)."""
+def stats_step(features: FeatureFn, cfg: ml_collections.ConfigDict) -> StatsStep:
+    """`class_statistics(stats, params, batch)`: the batch's uint8 images through the test
+    transform and `features`, added to `stats` by label (jit it once, `Method.compiled`; run it
+    with `prototypes.accumulate`)."""
 
     def class_statistics(stats: ClassGaussians, params: Any, batch: Batch) -> ClassGaussians:
         images = augment.test_transform(batch["image"], cfg.model.image_size, cfg.input.normalize)
         return stats.add(features(params, images), batch["label"], batch["mask"])
 
-    return jax.jit(class_statistics)
+    return class_statistics
 
 
 def cholesky_factors(covariances: jax.Array) -> jax.Array:
@@ -223,7 +235,7 @@ def align_classifier(
 
     def epoch_body(carry, inputs):
         e, xs, ys = inputs
-        lr = learning_rate * 0.5 * (1.0 + jnp.cos(jnp.pi * e / epochs))
+        lr = schedules.epoch_cosine(learning_rate, e, epochs)
 
         def step_body(carry, inp):
             params, buf, first = carry

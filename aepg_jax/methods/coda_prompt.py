@@ -43,7 +43,8 @@ import ml_collections
 import numpy as np
 
 from aepg_jax.methods import prompting
-from aepg_jax.methods.base import Params, block_problems
+from aepg_jax.methods.base import Params
+from aepg_jax.methods.blocks import block_problems
 from aepg_jax.models import vit
 
 _RESTART_NORM = 1e-4  # a fresh vector this close to the span of the earlier rows is redrawn

@@ -35,7 +35,8 @@ import jax.numpy as jnp
 import ml_collections
 
 from aepg_jax.methods import prompting
-from aepg_jax.methods.base import Params, TaskContext, TaskSpec, block_problems
+from aepg_jax.methods.base import Params, TaskContext, TaskSpec
+from aepg_jax.methods.blocks import block_problems
 from aepg_jax.models import vit
 
 # DualPrompt's reference run (dualprompt-pytorch main.py, configs/imr_dualprompt.py): Adam at

@@ -3,8 +3,10 @@
 Expandable Subspace Ensemble (Zhou et al., CVPR 2024), as its code (sun-hailong/CVPR24-Ease)
 computes it. Every task t trains a fresh AdaptFormer adapter a_t (`peft.Adapter`, style
 `ffn`, width `method.ease_ffn_num`, in every block) with a cosine head over the task's
-classes, `logits = sigma cos(f_t(x), w_c)`, sigma a scalar trained with it (1 at the start of
-each task), under the configured loss on the task's own classes; earlier adapters are frozen.
+classes, `logits = sigma cos(f_t(x), w_c)` (`models/head.py`'s `cosine_head`: w_c the task
+heads' kernel columns, sigma the scalar `cosine_scale` trained with the adapter, 1 at the
+start of each task), under the configured loss on the task's own classes; earlier adapters
+are frozen.
 f_s(x) is the backbone's normed class token with adapter s (f_ptm: no adapter).
 
 After task t (end_task, on the task's training images under the test transform):
@@ -36,7 +38,6 @@ calibration is reported (docs/algorithm.md §4).
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -45,20 +46,10 @@ import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from flax import traverse_util
 
-from aepg_jax.methods import prototypes
-from aepg_jax.methods.base import (
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    heads_of,
-    mask_unseen,
-    softmax_probs,
-)
+from aepg_jax.methods import base, prototypes
+from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec
 from aepg_jax.models import head as head_lib
 
 KEY = "ease"  # trainable `ease/adapter/...` (the `adapter/` path labels it peft)
@@ -81,11 +72,6 @@ def normalize(x: jax.Array, axis: int = -1) -> jax.Array:
     """`x / max(|x|, 1e-12)` along `axis` (torch's F.normalize)."""
     norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=axis, keepdims=True))
     return x / jnp.maximum(norm, _NORM_EPS)
-
-
-def class_tasks(head_sizes: tuple[int, ...]) -> np.ndarray:
-    """(C,) the task of each class, from the task heads' sizes."""
-    return np.repeat(np.arange(len(head_sizes)), head_sizes).astype(np.int32)
 
 
 def complete(prototypes: jax.Array, owner: jax.Array, task: jax.Array, ptm: int) -> jax.Array:
@@ -169,6 +155,7 @@ class Ease(Method):
     """Expandable subspace ensemble: per-task adapters, completed prototypes, cosine scoring."""
 
     name = "ease"
+    layout = head_lib.COSINE_LAYOUT
     official_head_init = "uniform"  # CosineLinear.reset_parameters: U(+-1/sqrt(D)), bias unused
     scores: ClassVar[dict[str, str]] = {
         "model": "weighted sums of cosine similarities to the class prototypes, with no "
@@ -200,14 +187,6 @@ class Ease(Method):
         # after task t, t + 1 (+1) passes over its training images for the prototypes.
         self.eval_forwards = self.slots
         self.task_data_passes = (self.num_tasks + 1) / 2 + self.ptm
-        self._sums_step: Callable | None = None
-        self._store: Callable | None = None
-        self._put: Callable | None = None
-        self._complete_step: Callable | None = None
-        if cfg.model.peft.kind != "none":
-            logging.info(
-                "EASE brings its own adapters: model.peft (%s) is not used.", cfg.model.peft.kind
-            )
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
@@ -278,15 +257,12 @@ class Ease(Method):
         }
 
     def init_state(self, trainable: Params) -> Params:
-        return self.initial_state(sum(head_lib.head_sizes(trainable)))
-
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        return self.init_state(trainable_at(0))
+        return self.initial_state(head_lib.num_classes(trainable))
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """Task `task`'s fresh adapter and head scale sigma = 1; the model's PEFT dropped."""
-        adapter = {**self.fresh_adapter(key), "sigma": jnp.ones((), jnp.float32)}
-        return {**heads_of(trainable), KEY: {"adapter": adapter}}
+        adapter = self.fresh_adapter(key)
+        return head_lib.with_cosine_scale({**base.heads_of(trainable), KEY: {"adapter": adapter}})
 
     # -- host side -----------------------------------------------------------------------------
 
@@ -296,35 +272,32 @@ class Ease(Method):
         """Stores a_t; prototypes of the task's classes in subspaces 0..t (+ pretrained);
         old classes completed in the subspaces after their own."""
         t = int(task.index)
-        adapter = {k: v for k, v in trainable[KEY]["adapter"].items() if k != "sigma"}
+        adapter = trainable[KEY]["adapter"]
         num_classes = state["prototypes"].shape[0]
-        owner = jnp.asarray(class_tasks(task.head_sizes))
+        owner = jnp.asarray(head_lib.class_tasks(task.head_sizes))
         chex.assert_shape(owner, (num_classes,))
-        self._build_programs()
         t_arr = jnp.asarray(t, jnp.int32)
-        adapters = self._store(state["adapters"], adapter, t_arr)
+        adapters = self.compiled("store_adapter", store_adapter)(state["adapters"], adapter, t_arr)
         protos = state["prototypes"]
         for slot in range(t + 1 + self.ptm):
             slot_arr = jnp.asarray(slot, jnp.int32)
             sums = prototypes.accumulate(
-                self._sums_step,
+                self._sums_step(),
                 (ctx.frozen, adapters, slot_arr),
-                ctx.train_batches(),
+                ctx,
                 prototypes.ClassSums.zeros(num_classes, self.width),  # placed by accumulate
                 desc=f"task {t + 1} EASE prototypes, subspace {slot + 1}",
             )
-            protos = self._put(protos, sums, owner == t_arr, slot_arr)
-        protos = self._complete_step(protos, owner, t_arr, self.ptm)
+            protos = self.compiled("put_means", put_means)(protos, sums, owner == t_arr, slot_arr)
+        protos = self._complete_step()(protos, owner, t_arr, self.ptm)
         return {"adapters": adapters, "prototypes": protos}
 
-    def _build_programs(self) -> None:
-        """The host-side programs, once per instance (task and slot traced): one compilation
-        each per run, the fit check's included."""
-        if self._sums_step is None:
-            self._sums_step = prototypes.sums_program(self._slot_features, self.cfg)
-            self._store = jax.jit(store_adapter)
-            self._put = jax.jit(put_means)
-            self._complete_step = jax.jit(complete, static_argnums=(3,))
+    def _sums_step(self) -> Callable:
+        """The prototype pass (task and slot traced): one compilation per run."""
+        return self.compiled("class_sums_step", prototypes.sums_step(self._slot_features, self.cfg))
+
+    def _complete_step(self) -> Callable:
+        return self.compiled("complete", complete, static_argnums=(3,))
 
     def _slot_features(self, params: tuple[Params, Params, jax.Array], images: jax.Array):
         """f_slot(x) (B, D) for `params = (frozen, adapters (T, ...), slot)`, slot traced."""
@@ -335,15 +308,14 @@ class Ease(Method):
         self, trainable: Params, state: Params, frozen: Params, batch, task: int
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The prototype pass (one per subspace seen, at most S per task) and the completion."""
-        self._build_programs()
         c = state["prototypes"].shape[0]
         slot = jnp.asarray(task, jnp.int32)
-        sums = prototypes.placed_like(prototypes.ClassSums.zeros(c, self.width), frozen)
-        owner = jnp.asarray(class_tasks(tuple(head_lib.head_sizes(trainable))))
+        sums = base.on_mesh(prototypes.ClassSums.zeros(c, self.width), frozen)
+        owner = jnp.asarray(head_lib.class_tasks(head_lib.head_sizes(trainable)))
         args = (sums, (frozen, state["adapters"], slot), batch)
         return {
-            "prototypes": (self._sums_step, args, self.slots),
-            "completion": (self._complete_step, (state["prototypes"], owner, slot, self.ptm), 1),
+            "prototypes": (self._sums_step(), args, self.slots),
+            "completion": (self._complete_step(), (state["prototypes"], owner, slot, self.ptm), 1),
         }
 
     # -- inside the jitted steps ---------------------------------------------------------------
@@ -358,13 +330,8 @@ class Ease(Method):
         task: TaskSpec,
     ) -> tuple[jax.Array, jax.Array | None]:
         """`sigma cos(f_t(x), w_c)` for every class's head column (the loss reads the task's)."""
-        adapter = trainable[KEY]["adapter"]
-        feats = self.features(frozen, {k: adapter[k] for k in ("down", "up")}, images)
-        heads = trainable["head"]
-        kernel = jnp.concatenate(
-            [heads[head_lib.task_name(i)]["kernel"] for i in range(len(task.head_sizes))], 1
-        )
-        return adapter["sigma"] * prototypes.cosine_logits(feats, kernel.T), None
+        feats = self.features(frozen, trainable[KEY]["adapter"], images)
+        return head_lib.cosine_head(trainable, feats), None
 
     def predict(
         self,
@@ -388,7 +355,7 @@ class Ease(Method):
             )
 
         feats = jax.lax.map(one, jnp.arange(self.slots))
-        owner = jnp.asarray(class_tasks(task.head_sizes))
+        owner = jnp.asarray(head_lib.class_tasks(task.head_sizes))
         logits = subspace_logits(
             feats,
             state["prototypes"],
@@ -399,5 +366,4 @@ class Ease(Method):
             self.beta,
             self.reweight,
         )
-        logits = mask_unseen(logits, task)
-        return {"model": softmax_probs(logits)}, logits
+        return base.predictions(logits, task)

@@ -44,7 +44,6 @@ every task) does not allow.
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -53,15 +52,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from aepg_jax.data import augment
-from aepg_jax.methods import base, prompting
+from aepg_jax.methods import base, blocks, prompting
 from aepg_jax.methods import class_gaussians as cg
-from aepg_jax.methods.base import Network, Params, TaskContext, TaskSpec, softmax_probs
+from aepg_jax.methods import task_identity as tii_lib
+from aepg_jax.methods.base import Network, Params, TaskContext, TaskSpec
 from aepg_jax.models import head as head_lib
 from aepg_jax.models import partition, vit
-from aepg_jax.system import hosts
 
 TEMPERATURE = 0.8  # the contrastive term's, hard-coded in `orth_loss`
 RIDGE = 1e-4  # added to every covariance's diagonal (`_compute_mean`)
@@ -85,46 +83,6 @@ HIDE_PROMPT_SETTINGS: dict[str, Any] = {
 # -- pure pieces (the official comparison calls these directly) ------------------------------
 
 
-def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float = 1e-5) -> jax.Array:
-    """torch's `nn.LayerNorm` (biased variance, eps 1e-5)."""
-    mu = jnp.mean(x, -1, keepdims=True)
-    var = jnp.mean(jnp.square(x - mu), -1, keepdims=True)
-    return (x - mu) * jax.lax.rsqrt(var + eps) * scale + bias
-
-
-def tii_init(key: jax.Array, width: int, hidden: int, num_classes: int) -> Params:
-    """The TII MLP and classifier: Linear kernels ~ trunc N(0, 0.02^2) on [-2, 2] (timm's
-    `trunc_normal_`, whose bounds are absolute), biases 0, LayerNorm (1, 0)."""
-    k1, k2, k3 = jax.random.split(key, 3)
-
-    def trunc(k, shape):
-        return jax.random.truncated_normal(k, -100.0, 100.0, shape, jnp.float32) * 0.02
-
-    return {
-        "fc1": {"kernel": trunc(k1, (width, hidden * width)), "bias": jnp.zeros(hidden * width)},
-        "fc2": {"kernel": trunc(k2, (hidden * width, width)), "bias": jnp.zeros(width)},
-        "norm": {"scale": jnp.ones(width), "bias": jnp.zeros(width)},
-        "head": {"kernel": trunc(k3, (width, num_classes)), "bias": jnp.zeros(num_classes)},
-    }
-
-
-def tii_logits(tii: Params, q: jax.Array) -> jax.Array:
-    """`head(LN(q + fc2(GELU(fc1 q))))` (B, C): `MlpMapping` then the classifier."""
-    h = jax.nn.gelu(jnp.matmul(q, tii["fc1"]["kernel"], precision=HI) + tii["fc1"]["bias"], False)
-    h = jnp.matmul(h, tii["fc2"]["kernel"], precision=HI) + tii["fc2"]["bias"]
-    h = layer_norm(h + q, tii["norm"]["scale"], tii["norm"]["bias"])
-    return jnp.matmul(h, tii["head"]["kernel"], precision=HI) + tii["head"]["bias"]
-
-
-def masked_ce(logits: jax.Array, labels: jax.Array, keep: jax.Array, rows: jax.Array) -> jax.Array:
-    """Cross-entropy of `logits` (B, C) with the classes outside `keep` (C,) at -inf, averaged
-    over the rows where `rows` (B,) is True (torch's `index_fill(-inf)` then `CrossEntropyLoss`)."""
-    logits = jnp.where(keep, logits, -jnp.inf)
-    per = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1)[:, 0]
-    w = rows.astype(jnp.float32)
-    return jnp.sum(jnp.where(rows, per, 0.0)) / jnp.maximum(jnp.sum(w), 1.0)
-
-
 def contrastive(features: jax.Array, means: jax.Array, learned: jax.Array) -> jax.Array:
     """`orth_loss` without its weight: CE(S, diag) of `S = M M^T / 0.8`, M the learned classes'
     means (`learned` (C,) True) then the batch's features, over M's rows."""
@@ -132,45 +90,24 @@ def contrastive(features: jax.Array, means: jax.Array, learned: jax.Array) -> ja
     m = jnp.concatenate([means, features.astype(jnp.float32)], 0)
     valid = jnp.concatenate([learned, jnp.ones(features.shape[0], bool)])
     sim = jnp.matmul(m, m.T, precision=HI) / TEMPERATURE
-    return masked_ce(sim, jnp.arange(m.shape[0]), valid, valid)
+    return tii_lib.masked_ce(sim, jnp.arange(m.shape[0]), valid, valid)
 
 
-def combine(a: cg.ClassGaussians, b: cg.ClassGaussians) -> cg.ClassGaussians:
-    """Two sets of statistics over disjoint images as one: sums and counts add, and
-    `M2 = M2_a + M2_b + (n_a n_b / (n_a + n_b)) (mu_b - mu_a)(mu_b - mu_a)^T` (Chan et al.,
-    as `ClassGaussians.add` merges a batch)."""
-    delta = b.means() - a.means()
-    n, k = a.counts, b.counts
-    w = n * k / jnp.maximum(n + k, 1.0)
-    m2 = a.m2 + b.m2 + w[:, None, None] * delta[:, :, None] * delta[:, None, :]
-    return cg.ClassGaussians(a.sums + b.sums, a.counts + b.counts, m2)
-
-
-def draws(
-    key: jax.Array, mean: jax.Array, cov: jax.Array, per_class: int, seen, diagonal: bool
-) -> tuple[jax.Array, jax.Array]:
-    """One epoch's alignment data: `per_class` draws of every class, from N(mean_c, cov_c)
-    (`class_gaussians.sample`) or, `diagonal`, N(mean_c, diag(var_c)) (`cov` (C, D)), shuffled
-    with the seen classes' first and cut into C batches: (C, n, D) features, (C, n) labels."""
-    k_s, k_p = jax.random.split(key)
+def merge_statistics(old: Params, acc: cg.ClassGaussians, task: TaskSpec, diagonal: bool):
+    """The task's own classes' (mean, cov) from `acc` (cov + 1e-4 I; its diagonal alone with
+    `diagonal`), the other classes' from `old`."""
+    mean, cov = acc.means(), acc.covariances(RIDGE)
     if diagonal:
-        eps = jax.random.normal(k_s, (mean.shape[0], per_class, mean.shape[1]), jnp.float32)
-        x = mean[:, None] + eps * jnp.sqrt(cov)[:, None]
-    else:
-        x = cg.sample(mean, cov, per_class, k_s)
-    return cg.shuffled_batches(x, seen, k_p)
+        cov = jnp.diagonal(cov, axis1=1, axis2=2)
+    cls = jnp.arange(mean.shape[0])
+    own = (cls >= task.offset) & (cls < task.stop)
+    pick = lambda new, cur: jnp.where(own.reshape((-1,) + (1,) * (new.ndim - 1)), new, cur)
+    return {"mean": pick(mean, old["mean"]), "cov": pick(cov, old["cov"])}
 
 
-def cosine_rate(lr: float, epoch: int, epochs: int) -> float:
-    """torch's `CosineAnnealingLR(T_max=epochs)` stepped once per epoch: epoch e's rate."""
-    return lr * 0.5 * (1.0 + float(np.cos(np.pi * epoch / epochs)))
-
-
-def named(fn: Callable, name: str, **bound: Any) -> Callable:
-    """`fn` with `bound` arguments fixed, under `name` (its compilations' name in the logs)."""
-    out = functools.partial(fn, **bound)
-    out.__name__ = name  # type: ignore[attr-defined]
-    return out
+def combined(a, b):
+    """Two batches' (prompted, backbone) statistics as one (`ClassGaussians.combined`)."""
+    return a[0].combined(b[0]), a[1].combined(b[1])
 
 
 # -- the method --------------------------------------------------------------------------------
@@ -209,11 +146,6 @@ class HiDePrompt(prompting.PromptMethod):
         "hide_prompt_head_lr_scale": 0.1,
     }
 
-    def __init__(self, cfg: ml_collections.ConfigDict):
-        super().__init__(cfg)
-        self._programs: dict[str, Callable] = {}
-        self._place: Callable = lambda tree: tree
-
     @property
     def lr_scales(self) -> dict[str, float]:
         """The heads train at `hide_prompt_head_lr_scale` (0.1) times the prompts' rate
@@ -250,7 +182,7 @@ class HiDePrompt(prompting.PromptMethod):
                 "variance."
             )
         if m.name == cls.name:
-            p += base.block_problems(
+            p += blocks.block_problems(
                 "hide_prompt_blocks",
                 m.hide_prompt_blocks,
                 cfg.model.depth,
@@ -282,18 +214,15 @@ class HiDePrompt(prompting.PromptMethod):
 
     def init_state(self, trainable: Params) -> Params:
         heads = base.heads_of(trainable)["head"]
-        c, d = sum(int(h["bias"].shape[0]) for h in heads.values()), self.width
+        c, d = head_lib.num_classes(trainable), self.width
         cov = (c, d) if self.diagonal else (c, d, d)
         gauss = {"mean": jnp.zeros((c, d)), "cov": jnp.zeros(cov)}
-        tii = jax.tree.map(jnp.zeros_like, tii_init(jax.random.key(0), d, self._hidden, c))
+        tii = jax.tree.map(jnp.zeros_like, tii_lib.init(jax.random.key(0), d, self._hidden, c))
         return {"head": heads, "tii": tii, "wtp_stats": gauss, "tii_stats": dict(gauss)}
 
     @property
     def _hidden(self) -> int:
         return int(self.cfg.method.hide_prompt_tii_hidden)
-
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        return self.init_state(trainable_at(0))
 
     # -- prompts -------------------------------------------------------------------------------
 
@@ -363,13 +292,12 @@ class HiDePrompt(prompting.PromptMethod):
         e = trainable[prompting.PROMPT]["e"]
         e_sel = e[:, :, slot]  # (n, 2, B, L, D)
         logits, _ = self.prompted_out(net, trainable, frozen, images, e_sel, state["head"])
-        logits = base.mask_unseen(logits, task)
-        return {"model": softmax_probs(logits)}, logits
+        return base.predictions(logits, task)
 
     @staticmethod
     def infer_task(tii: Params, q: jax.Array, task: TaskSpec) -> jax.Array:
         """(B,) the task of the TII classifier's most likely seen class."""
-        logits = tii_logits(tii, q)
+        logits = tii_lib.logits(tii, q)
         cls = jnp.argmax(jnp.where(task.seen_mask(logits.shape[-1]), logits, -jnp.inf), -1)
         stops = jnp.cumsum(jnp.asarray(task.head_sizes))
         return jnp.sum(cls[:, None] >= stops[None, :], axis=1).astype(jnp.int32)
@@ -383,67 +311,79 @@ class HiDePrompt(prompting.PromptMethod):
         copy of slot t-1."""
         if task.index == 0:
             return trainable, state
-        e = self.programs()["begin"](trainable[prompting.PROMPT]["e"], task.traced())
+        e = self.compiled("begin", begin)(trainable[prompting.PROMPT]["e"], task.traced())
         return {**trainable, "head": state["head"], prompting.PROMPT: {"e": e}}, state
+
+    def momentum(self, e: jax.Array, task: TaskSpec) -> jax.Array:
+        """The prompts with slot t's momentum step after its epochs (t >= 1)."""
+        cur = self.train_prompt(e, task.index)
+        return e.at[:, :, task.index].set(jnp.where(task.index > 0, cur, e[:, :, task.index]))
+
+    def statistics(self, trainable: Params, frozen: Params, batch, task: TaskSpec):
+        """One batch's (prompted, backbone) feature moments, and its backbone features q."""
+        cfg = self.cfg
+        images = augment.test_transform(batch["image"], cfg.model.image_size, cfg.input.normalize)
+        net = Network(cfg.model)
+        e = trainable[prompting.PROMPT]["e"]
+        slot = jax.lax.dynamic_index_in_dim(e, task.index, axis=2, keepdims=False)
+        e_sel = jnp.broadcast_to(slot[:, :, None], (e.shape[0], 2, images.shape[0], *e.shape[3:]))
+        _, feats = self.prompted_out(net, trainable, frozen, images, e_sel, trainable["head"])
+        q = prompting.query(net, frozen, images)
+        zeros = cg.ClassGaussians.zeros(head_lib.num_classes(trainable), feats.shape[-1])
+        wtp = zeros.add(feats, batch["label"], batch["mask"])
+        return wtp, zeros.add(q, batch["label"], batch["mask"]), q
 
     def end_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
     ) -> Params:
         """Momentum on slot t, both statistics passes, the TII training, both alignments."""
-        p = self.programs()
-        t = task.traced()
-        e = p["momentum"](trainable[prompting.PROMPT]["e"], t)
+        t, m, p = task.traced(), self.cfg.method, self.compiled
+        e = p("momentum", self.momentum)(trainable[prompting.PROMPT]["e"], t)
         trainable = {**trainable, prompting.PROMPT: {"e": e}}
         c, d = state["wtp_stats"]["mean"].shape
-        batches = iter(ctx.train_batches())
-        first = next(batches)
-        # Host-side inputs placed as the programs' outputs will be (replicated on the
-        # batches' mesh), and the statistics summed outside the per-batch program: each
-        # program compiles once for the run.
-        place = self._place = self._placer(first["label"])
-        state = place(state)
-        wtp = tiig = None
-        feats, labels = [], []
-        for batch in itertools.chain([first], batches):
-            w, g, q = p["stats"](trainable, ctx.frozen, batch, t)
-            wtp, tiig = (w, g) if wtp is None else p["combine"]((wtp, tiig), (w, g))
-            # Every process's rows of the batch (its global arrays span every process).
-            q, y, keep = hosts.gather((q, batch["label"], batch["mask"]))
-            keep = keep.astype(bool)
-            feats.append(np.asarray(q)[keep])
-            labels.append(np.asarray(y)[keep])
+        # Host-side inputs placed as the programs' outputs will be, and the statistics summed
+        # outside the per-batch program: each program compiles once for the run.
+        state = base.on_mesh(state, ctx.frozen)
+        sums = []
+
+        def one(batch):
+            wtp, tiig, q = p("statistics", self.statistics)(trainable, ctx.frozen, batch, t)
+            sums[:] = [(wtp, tiig) if not sums else p("combined", combined)(sums[0], (wtp, tiig))]
+            return q
+
+        feats, labels = base.task_rows(ctx, one, f"task {task.index + 1} HiDe-Prompt statistics")
+        merge = p("merge_statistics", merge_statistics, static_argnums=3)
         state = {
             **state,
-            "wtp_stats": p["merge"](state["wtp_stats"], wtp, t),
-            "tii_stats": p["merge"](state["tii_stats"], tiig, t),
+            "wtp_stats": merge(state["wtp_stats"], sums[0][0], t, self.diagonal),
+            "tii_stats": merge(state["tii_stats"], sums[0][1], t, self.diagonal),
         }
         sizes, cls = task.head_sizes, np.arange(c)
         own, seen = (cls >= task.offset) & (cls < task.stop), cls < task.stop
         for name in ("wtp_stats", "tii_stats"):
             cg.check_statistics("HiDe-Prompt", state[name], own, sizes, task.index)
         k_init, k_tii, k_ca, k_tap = jax.random.split(ctx.key, 4)
-        tii = place(p["tii_init"](k_init, d, self._hidden, c)) if task.index == 0 else state["tii"]
-        tii = self.train_tii(tii, np.concatenate(feats), np.concatenate(labels), task, k_tii)
-        heads = place(trainable["head"])
+        if task.index == 0:
+            init = p("tii_init", tii_lib.init, static_argnums=(1, 2, 3))
+            tii = base.on_mesh(init(k_init, d, self._hidden, c), ctx.frozen)
+        else:
+            tii = state["tii"]
+        tii = self.train_tii(tii, feats, labels, task, k_tii)
+        heads = base.on_mesh(trainable["head"], ctx.frozen)
         if task.index > 0:
-            m = self.cfg.method
-            tii = self.align("tii", tii, state["tii_stats"], task, k_ca, m.hide_prompt_tii_ca_lr)
-            wtp_stats = state["wtp_stats"]
-            heads, _ = p["tap_align"](heads, k_tap, wtp_stats["mean"], wtp_stats["cov"], t)
+            sgd = base.on_mesh(p("sgd_init", tii_lib.SGD.init)(tii), ctx.frozen)
+            step, lr = p("tii_align", tii_lib.align_step), m.hide_prompt_tii_ca_lr
+            tii = tii_lib.align(
+                step, self.tii_draw(), tii, sgd, state["tii_stats"], task, k_ca, lr,
+                int(m.hide_prompt_ca_epochs),
+            )  # fmt: skip
+            stats = state["wtp_stats"]
+            heads, _ = self.tap_align()(heads, k_tap, stats["mean"], stats["cov"], t)
             fix = "method.hide_prompt_storage=variance draws from the variances alone"
             for aligned, name in ((tii, "tii_stats"), (heads, "wtp_stats")):
                 cov = state[name]["cov"]
                 cg.check_alignment("HiDe-Prompt", aligned, cov, seen, sizes, task.index, fix)
         return {**state, "tii": tii, "head": heads}
-
-    @staticmethod
-    def _placer(like: jax.Array) -> Callable:
-        """`device_put` replicated on `like`'s mesh (a batch's), if it has one."""
-        mesh = getattr(like.sharding, "mesh", None)
-        if mesh is None:
-            return lambda tree: tree
-        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        return lambda tree: jax.device_put(tree, sharding)
 
     def train_tii(
         self, tii: Params, feats: np.ndarray, labels: np.ndarray, task: TaskSpec, key: jax.Array
@@ -453,177 +393,34 @@ class HiDePrompt(prompting.PromptMethod):
         epochs = int(self.cfg.method.hide_prompt_tii_epochs)
         rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).tolist())
         orders = [rng.permutation(len(feats)) for _ in range(epochs)]
-        return self.train_tii_orders(tii, feats, labels, task, orders)[0]
-
-    def train_tii_orders(
-        self, tii: Params, feats: np.ndarray, labels: np.ndarray, task: TaskSpec, orders
-    ) -> tuple[Params, list[jax.Array]]:
-        """The TII training over the given per-epoch orders (the official comparison's), and
-        each step's loss."""
-        bs = int(self.cfg.optim.batch_size)
-        step = self.programs()["tii_step"]
-        opt_state = self._place(self.programs()["tii_opt_init"](tii))
-        t, losses = task.traced(), []
-        for order in orders:
-            for s in range(0, len(order), bs):
-                idx = order[s : s + bs]
-                pad = bs - len(idx)
-                f = np.concatenate([feats[idx], np.zeros((pad, feats.shape[1]), feats.dtype)])
-                y = np.concatenate([labels[idx], np.zeros(pad, labels.dtype)])
-                rows = np.arange(bs) < len(idx)
-                tii, opt_state, loss = step(tii, opt_state, f, y, rows, t)
-                losses.append(loss)
-        return tii, losses
-
-    def tii_optimizer(self) -> optax.GradientTransformation:
-        return optax.chain(
-            optax.clip_by_global_norm(1.0), optax.adam(self.cfg.method.hide_prompt_tii_lr)
+        lr, bs = float(self.cfg.method.hide_prompt_tii_lr), int(self.cfg.optim.batch_size)
+        opt_state = base.on_mesh(
+            self.compiled("tii_opt_init", tii_lib.optimizer(lr).init)(tii), tii
         )
+        step = self.compiled("tii_step", functools.partial(tii_lib.train_step, lr=lr))
+        return tii_lib.train(step, tii, opt_state, feats, labels, task, orders, bs)[0]
 
-    def align(self, which: str, params: Params, stats: Params, task: TaskSpec, key, lr) -> Params:
-        """`hide_prompt_ca_epochs` epochs of alignment of the TII model on fresh draws from the
-        seen classes' Gaussians (`class_gaussians.align_classifier` aligns a linear classifier;
-        this one has the MLP in front)."""
-        epochs = int(self.cfg.method.hide_prompt_ca_epochs)
-        p = self.programs()
-        draw, step = p[f"{which}_draw"], p[f"{which}_align"]
-        opt_state = self._place(p["sgd_init"](params))
-        t = task.traced()
-        for epoch, k in enumerate(jax.random.split(key, epochs)):
-            feats, labels = draw(k, stats["mean"], stats["cov"], t)
-            rate = jnp.float32(cosine_rate(lr, epoch, epochs))
-            for i in range(int(task.offset)):
-                params, opt_state, _ = step(params, opt_state, feats, labels, i, rate, t)
-        return params
+    # -- the jitted host-side programs (one compilation each per run) -------------------------
 
-    def align_batch(self, params, opt_state, feats, labels, rate, task):
-        """One TII alignment step on given features (n, D) and labels, classes after the task
-        masked: (params, opt_state, loss)."""
-        return self.programs()["tii_align"](
-            params, opt_state, feats[None], labels[None], 0, jnp.float32(rate), task.traced()
+    def tii_draw(self) -> Callable:
+        m = self.cfg.method
+        n, diagonal = int(m.hide_prompt_tii_ca_batch), self.diagonal
+
+        def tii_draw(key, mean, cov, task):
+            return tii_lib.draws(key, mean, cov, n, task.stop, diagonal)
+
+        return self.compiled("tii_draw", tii_draw)
+
+    def tap_align(self) -> Callable:
+        m = self.cfg.method
+        align = functools.partial(
+            tii_lib.tap_align,
+            epochs=int(m.hide_prompt_ca_epochs),
+            per_class=int(m.hide_prompt_tap_batch),
+            diagonal=self.diagonal,
+            lr=float(m.hide_prompt_tap_lr),
         )
-
-    def programs(self) -> dict[str, Callable]:
-        """The jitted host-side programs, built once per instance (one compilation per run)."""
-        if self._programs:
-            return self._programs
-        cfg, diagonal, m = self.cfg, self.diagonal, self.cfg.method
-
-        def begin(e, task):
-            return e.at[:, :, task.index].set(e[:, :, task.index - 1])
-
-        def merge(old, acc, task):
-            """The task's own classes' (mean, cov) from `acc`, the others' from `old`."""
-            mean, cov = acc.means(), acc.covariances(RIDGE)
-            if diagonal:
-                cov = jnp.diagonal(cov, axis1=1, axis2=2)
-            cls = jnp.arange(mean.shape[0])
-            own = (cls >= task.offset) & (cls < task.stop)
-            pick = lambda new, cur: jnp.where(own.reshape((-1,) + (1,) * (new.ndim - 1)), new, cur)
-            return {"mean": pick(mean, old["mean"]), "cov": pick(cov, old["cov"])}
-
-        def momentum(e, task):
-            cur = self.train_prompt(e, task.index)
-            return e.at[:, :, task.index].set(jnp.where(task.index > 0, cur, e[:, :, task.index]))
-
-        def stats(trainable, frozen, batch, task):
-            """One batch's (prompted, backbone) feature moments, and its backbone features."""
-            images = augment.test_transform(
-                batch["image"], cfg.model.image_size, cfg.input.normalize
-            )
-            net = Network(cfg.model)
-            b = images.shape[0]
-            e = trainable[prompting.PROMPT]["e"]
-            slot = jax.lax.dynamic_index_in_dim(e, task.index, axis=2, keepdims=False)
-            e_sel = jnp.broadcast_to(slot[:, :, None], (e.shape[0], 2, b, *e.shape[3:]))
-            _, feats = self.prompted_out(net, trainable, frozen, images, e_sel, trainable["head"])
-            q = prompting.query(net, frozen, images)
-            c = head_lib.head_sizes({"head": trainable["head"]})
-            zeros = cg.ClassGaussians.zeros(sum(c), feats.shape[-1])
-            wtp = zeros.add(feats, batch["label"], batch["mask"])
-            tiig = zeros.add(q, batch["label"], batch["mask"])
-            return wtp, tiig, q
-
-        tii_opt = self.tii_optimizer()
-
-        def tii_step(tii, opt_state, feats, labels, rows, task):
-            keep = (jnp.arange(tii["head"]["bias"].shape[0]) >= task.offset) & (
-                jnp.arange(tii["head"]["bias"].shape[0]) < task.stop
-            )
-            loss, g = jax.value_and_grad(
-                lambda p: masked_ce(tii_logits(p, feats), labels, keep, rows)
-            )(tii)
-            updates, opt_state = tii_opt.update(g, opt_state, tii)
-            return optax.apply_updates(tii, updates), opt_state, loss
-
-        def draw(key, mean, cov, task, per_class):
-            return draws(key, mean, cov, per_class, task.stop, diagonal)
-
-        def tap_align(heads, key, mean, cov, task):
-            """The heads aligned (`class_gaussians.align_classifier`) on every epoch's draws."""
-            epochs = int(m.hide_prompt_ca_epochs)
-            n = int(m.hide_prompt_tap_batch)
-            x, y = jax.vmap(lambda k: draw(k, mean, cov, task, n))(jax.random.split(key, epochs))
-            return align_heads(heads, x, y, task)
-
-        def align_heads(heads, x, y, task):
-            """The heads after SGD on given draws x (E, S, n, D), y (E, S, n): the first
-            `task.offset` batches of each epoch train."""
-            sizes = head_lib.head_sizes({"head": heads})
-            names = [head_lib.task_name(i) for i in range(len(sizes))]
-            kernel = jnp.concatenate([heads[k]["kernel"] for k in names], axis=1)
-            bias = jnp.concatenate([heads[k]["bias"] for k in names])
-            kernel, bias, losses = cg.align_classifier(
-                kernel, bias, x, y, task.offset, task.stop, task.index + 1,
-                head_sizes=sizes, learning_rate=float(m.hide_prompt_tap_lr), weight_decay=0.0,
-            )  # fmt: skip
-            cuts = np.cumsum(sizes)[:-1]
-            out = {
-                k: {"kernel": w, "bias": b_}
-                for k, w, b_ in zip(
-                    names, jnp.split(kernel, cuts, axis=1), jnp.split(bias, cuts), strict=True
-                )
-            }
-            return out, losses
-
-        def aligner(logits_fn):
-            sgd = optax.sgd(1.0, momentum=0.9)
-
-            def align_step(params, opt_state, feats, labels, i, rate, task):
-                f, y = feats[i], labels[i]
-
-                def loss_fn(p):
-                    logits = logits_fn(p, f)
-                    keep = jnp.arange(logits.shape[-1]) < task.stop
-                    return masked_ce(logits, y, keep, jnp.ones(y.shape[0], bool))
-
-                loss, g = jax.value_and_grad(loss_fn)(params)
-                updates, opt_state = sgd.update(g, opt_state, params)
-                updates = jax.tree.map(lambda u: rate * u, updates)
-                return optax.apply_updates(params, updates), opt_state, loss
-
-            return align_step
-
-        def head_logits(heads, f):
-            sizes = head_lib.head_sizes({"head": heads})
-            return head_lib.TaskHeads(sizes).apply({"params": heads}, f)
-
-        self._programs = {
-            "momentum": jax.jit(momentum),
-            "stats": jax.jit(stats),
-            "tii_step": jax.jit(tii_step),
-            "begin": jax.jit(begin),
-            "tii_opt_init": jax.jit(tii_opt.init),
-            "sgd_init": jax.jit(optax.sgd(1.0, momentum=0.9).init),
-            "merge": jax.jit(merge),
-            "tii_init": jax.jit(tii_init, static_argnums=(1, 2, 3)),
-            "combine": jax.jit(lambda a, b: (combine(a[0], b[0]), combine(a[1], b[1]))),
-            "tii_draw": jax.jit(named(draw, "tii_draw", per_class=int(m.hide_prompt_tii_ca_batch))),
-            "tap_align": jax.jit(tap_align),
-            "align_heads": jax.jit(align_heads),
-            "tii_align": jax.jit(named(aligner(tii_logits), "tii_align")),
-        }
-        return self._programs
+        return self.compiled("tap_align", align)
 
     def host_programs(
         self, trainable: Params, state: Params, frozen: Params, batch, task: int
@@ -633,13 +430,18 @@ class HiDePrompt(prompting.PromptMethod):
         (epochs, C, n, D) input: the largest host-side buffer; `passes` counts per batch, so
         the plan over-counts its calls by the task's number of batches). The TII training and
         alignment run on (batch, D) features: far smaller."""
-        p = self.programs()
         sizes = head_lib.head_sizes(trainable)
         t = TaskSpec(task, 0, 1, 0, sizes).traced()
         stats = state["wtp_stats"]
         key = jax.random.key(0)
         tap = (trainable["head"], key, stats["mean"], stats["cov"], t)
+        stats_pass = self.compiled("statistics", self.statistics)
         return {
-            "stats": (p["stats"], (trainable, frozen, batch, t), 1),
-            "tap_align": (p["tap_align"], tap, 1),
+            "stats": (stats_pass, (trainable, frozen, batch, t), 1),
+            "tap_align": (self.tap_align(), tap, 1),
         }
+
+
+def begin(e: jax.Array, task: TaskSpec) -> jax.Array:
+    """The prompts with slot t a copy of slot t-1."""
+    return e.at[:, :, task.index].set(e[:, :, task.index - 1])

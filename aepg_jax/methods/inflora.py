@@ -35,7 +35,6 @@ zero-padded, `basis_dim` and `retain` (n_blocks,) int32.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -47,20 +46,10 @@ import numpy as np
 from flax import traverse_util
 
 from aepg_jax.data import augment
-from aepg_jax.methods import dualgpm, prototypes
-from aepg_jax.methods.base import (
-    ComposedParams,
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    block_problems,
-    cut_blocks,
-    heads_of,
-)
+from aepg_jax.methods import base, dualgpm
+from aepg_jax.methods.base import ComposedParams, Method, Network, Params, TaskContext, TaskSpec
+from aepg_jax.methods.blocks import block_problems, cut_blocks
 from aepg_jax.models import partition, vit
-from aepg_jax.system import progress
 
 # InfLoRA's code (configs/mimg10_inflora*.json, docs/algorithm.md §15): Adam 5e-4, batch 128, 50
 # epochs with the per-epoch cosine decay, no clipping; B_t trains with the head from the start.
@@ -144,13 +133,6 @@ class InfLoRA(ComposedParams, Method):
         self.width = int(cfg.model.hidden_size)
         self.num_tasks = int(cfg.data.num_tasks)
         self.net = Network(_backbone_cfg(cfg.model, self.blocks, self.rank))
-        # One compilation for the run (the task index is traced), shared with the fit check.
-        self._cov_step = jax.jit(self._covariance_sums)
-        if cfg.model.peft.kind != "none":
-            logging.info(
-                "InfLoRA brings its own LoRA pairs: model.peft (%s) is not used.",
-                cfg.model.peft.kind,
-            )
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
@@ -195,12 +177,9 @@ class InfLoRA(ComposedParams, Method):
     def init_state(self, trainable: Params) -> Params:
         return self.initial_state()
 
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        return self.initial_state()  # made at task 0's start, before any checkpoint
-
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """Task `task`'s B_k, B_v (zeros, no randomness); the model's PEFT leaves dropped."""
-        kept = heads_of(trainable)
+        kept = base.heads_of(trainable)
         return {**kept, KEY: {"lora": {"B_k": self._zeros_b(), "B_v": self._zeros_b()}}}
 
     def _memories(self, state: Params) -> list[dualgpm.Memory]:
@@ -251,7 +230,7 @@ class InfLoRA(ComposedParams, Method):
             "retain": np.asarray([int(x.retain) for x in mems], np.int32),
         }
         # Replicated on the run's mesh: a multi-process checkpoint refuses one device's array.
-        return {**state, **prototypes.placed_like(memory, trainable)}
+        return {**state, **base.on_mesh(memory, trainable)}
 
     def covariance(
         self, ctx: TaskContext, state: Params, lora: Params | None, task: int, desc: str
@@ -261,18 +240,11 @@ class InfLoRA(ComposedParams, Method):
         lora = lora or {"B_k": self._zeros_b(), "B_v": self._zeros_b()}
         # The state and LoRA leaves placed like the backbone's: leaves made on the host (after
         # end_task) and leaves a step returned then have one sharding, so one program serves.
-        placed = jax.tree.leaves(ctx.frozen)[0].sharding
-        state, lora = jax.device_put((state, lora), placed)
+        state, lora = base.on_mesh((state, lora), ctx.frozen)
         task_index = jnp.asarray(task, jnp.int32)
         sums, count = None, 0
-        for batch in progress.new(
-            ctx.train_batches(),
-            desc=desc,
-            unit="batch",
-            leave=False,
-            disable=jax.process_index() != 0,
-        ):
-            s, c = self._cov_step(ctx.frozen, state, lora, batch, task_index)
+        for batch in base.task_batches(ctx, desc):
+            s, c = self._cov_step()(ctx.frozen, state, lora, batch, task_index)
             sums, count = (s if sums is None else sums + s), count + c
         if sums is None:
             raise ValueError(f"Task {task} has no training images for InfLoRA's covariance.")
@@ -283,9 +255,13 @@ class InfLoRA(ComposedParams, Method):
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The covariance pass, run twice per task (`begin_task` and `end_task`)."""
         lora = {"B_k": self._zeros_b(), "B_v": self._zeros_b()}
-        state, lora = jax.device_put((state, lora), jax.tree.leaves(frozen)[0].sharding)
+        state, lora = base.on_mesh((state, lora), frozen)
         args = (frozen, state, lora, batch, jnp.asarray(task, jnp.int32))
-        return {"covariance": (self._cov_step, args, 2)}
+        return {"covariance": (self._cov_step(), args, 2)}
+
+    def _cov_step(self) -> Callable:
+        """The covariance pass (the task index traced): one compilation per run."""
+        return self.compiled("_covariance_sums", self._covariance_sums)
 
     def _covariance_sums(self, frozen, state, lora, batch, task):
         """`(sum over the batch's valid tokens of x x^T (n_blocks, D, D), their count)`."""
@@ -312,7 +288,7 @@ class InfLoRA(ComposedParams, Method):
         delta = {name: lora_delta(a, state[name] * earlier) for name in ("B_k", "B_v")}
         branch = {"A": a[task], "B_k": lora["B_k"], "B_v": lora["B_v"]}
         backbone = merged_backbone(frozen, self.blocks, delta["B_k"], delta["B_v"], branch)
-        return partition.merge(heads_of(trainable), backbone)
+        return partition.merge(base.heads_of(trainable), backbone)
 
     def block_inputs(self, params: Params, images: jax.Array) -> jax.Array:
         """The LN_0 outputs (n_blocks, B, N, D) of the chosen blocks, float32."""

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import ml_collections
 
 from aepg_jax.methods import prompting
-from aepg_jax.methods.base import Params, block_problems
+from aepg_jax.methods.base import Params
+from aepg_jax.methods.blocks import block_problems
 from aepg_jax.models import vit
 
 

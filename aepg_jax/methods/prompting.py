@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax.methods import base
-from aepg_jax.methods.base import Method, Network, Params, TaskSpec, softmax_probs
+from aepg_jax.methods import blocks
+from aepg_jax.methods.base import Method, Network, Params, TaskSpec, predictions
 from aepg_jax.models import partition, vit
 
 PROMPT = "prompt"  # top-level key of the prompt leaves in the trainable tree
@@ -118,7 +118,7 @@ class PromptMethod(Method):
 
     def blocks(self, field: str) -> tuple[int, ...]:
         """`method.<field>` cut at the model's depth."""
-        return base.cut_blocks(self.cfg.method[field], self.cfg.model.depth)
+        return blocks.cut_blocks(self.cfg.method[field], self.cfg.model.depth)
 
     def init_prompts(self, key: jax.Array) -> Params:
         """The method's prompt leaves (fixed shapes for the whole run)."""
@@ -180,5 +180,4 @@ class PromptMethod(Method):
     ) -> tuple[dict[str, jax.Array], jax.Array]:
         q = query(net, frozen, images)
         logits, _ = self.prompted(net, trainable, frozen, images, q, task, train=False)
-        logits = base.mask_unseen(logits, task)
-        return {"model": softmax_probs(logits)}, logits
+        return predictions(logits, task)

@@ -1,17 +1,18 @@
 """Class-wise feature statistics: per-class sums and counts of a model's features over a task's
-training images, their means (class prototypes) and the cosine classifier over them.
+training images and their means (class prototypes).
 
-The methods that classify by prototypes (docs/methods.md) share this module. A method builds its
-pass once (`sums_program`: its feature function, jitted, one compilation for the run) and runs it
-over `TaskContext.train_batches()` (the task's training images in order, unaugmented, with the
-test transform applied here) with `accumulate`. The statistics live in the method state, whose
-shapes cover every class of the run from task 0: they are checkpointed and vmapped like any
-other state, so a resumed run continues from the same sums.
+The methods that classify by prototypes (docs/methods.md) share this module. A method jits its
+pass once (`sums_step` of its feature function, under `Method.compiled`) and runs it over the
+task's training images (in order, unaugmented, with the test transform applied here) with
+`accumulate`; the cosine classifier over the means is `models/head.py`'s `cosine_logits`. The
+statistics live in the method state, whose shapes cover every class of the run from task 0:
+they are checkpointed and vmapped like any other state, so a resumed run continues from the
+same sums.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import chex
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from aepg_jax.data import augment
-from aepg_jax.system import progress
+from aepg_jax.methods import base
 
 Batch = dict[str, jax.Array]
 # features(params, images (B, S, S, C) normalised) -> (B, D)
@@ -58,50 +59,23 @@ class ClassSums:
         return self.sums / jnp.maximum(self.counts, 1.0)[:, None]
 
 
-def sums_program(features: FeatureFn, cfg: ml_collections.ConfigDict) -> SumsStep:
-    """`class_sums_step(sums, params, batch)`, jitted: the batch's uint8 images through the test
-    transform (`model.image_size`, `input.normalize`) and `features`, added to `sums` by label."""
+def sums_step(features: FeatureFn, cfg: ml_collections.ConfigDict) -> SumsStep:
+    """`class_sums_step(sums, params, batch)`: the batch's uint8 images through the test
+    transform (`model.image_size`, `input.normalize`) and `features`, added to `sums` by label
+    (jit it once: `Method.compiled`)."""
 
-    # Named apart from the training step: the compile report counts programs by name.
     def class_sums_step(sums: ClassSums, params: Any, batch: Batch) -> ClassSums:
         images = augment.test_transform(batch["image"], cfg.model.image_size, cfg.input.normalize)
         return sums.add(features(params, images), batch["label"], batch["mask"])
 
-    return jax.jit(class_sums_step)
+    return class_sums_step
 
 
 def accumulate(
-    step: SumsStep, params: Any, batches: Iterable[Batch], sums: ClassSums, desc: str = ""
+    step: SumsStep, params: Any, ctx: base.TaskContext, sums: ClassSums, desc: str = ""
 ) -> ClassSums:
-    """`sums` plus every batch's features (`step` from `sums_program`), on the host loop."""
-    sums = placed_like(sums, params)
-    for batch in progress.new(
-        batches, desc=desc, unit="batch", leave=False, disable=jax.process_index() != 0
-    ):
+    """`sums` plus every training batch's features (`step`: a jitted `sums_step`), on the host."""
+    sums = base.on_mesh(sums, params)
+    for batch in base.task_batches(ctx, desc):
         sums = step(sums, params, batch)
     return sums
-
-
-def placed_like(tree: Any, params: Any) -> Any:
-    """`tree` replicated on the mesh that `params` live on (unchanged where they have none).
-
-    A jitted program's outputs are committed to the mesh of its inputs; a first call with
-    uncommitted arrays (fresh zeros) would compile the program a second time for the calls that
-    take those outputs back."""
-    sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
-    if not isinstance(sharding, jax.sharding.NamedSharding):
-        return tree
-    replicated = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
-    return jax.device_put(tree, replicated)
-
-
-def cosine_logits(features: jax.Array, prototypes: jax.Array, eps: float = 1e-12) -> jax.Array:
-    """(B, C) `cos(f_b, p_c) = <f_b, p_c> / (max(|f_b|, eps) max(|p_c|, eps))`; a zero prototype
-    (a class not seen yet) gives 0; `eps` as torch's `F.normalize`."""
-    chex.assert_rank((features, prototypes), 2)
-
-    def unit(x: jax.Array) -> jax.Array:
-        x = x.astype(jnp.float32)
-        return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
-
-    return jnp.matmul(unit(features), unit(prototypes).T, precision=jax.lax.Precision.HIGHEST)

@@ -2,9 +2,10 @@
 
 Phase 1, first-session adaptation (task 0 only; `trains_task`): the `model.peft` modules and a
 cosine classifier train with the configured loss (the reference's cross-entropy there):
-    logits = s cos(f(x), w_c)        s = `logit_scale` (trainable, starts at 1; `CosineLinear`)
+    logits = s cos(f(x), w_c)        (`models/head.py`'s `cosine_head`, `CosineLinear`)
 with w_c the task heads' kernel columns (`head_init` uniform: U(+-1/sqrt(D)), torch's
-`CosineLinear.reset_parameters`); the heads' biases are unused. Later tasks train nothing (the
+`CosineLinear.reset_parameters`; the heads' biases are unused) and s the trainable scale
+`cosine_scale`, 1 at the start. Later tasks train nothing (the
 PEFT stays as task 0 left it). With `model.peft.kind=none` no task trains (the reference's
 "RanPAC without PETL").
 
@@ -63,22 +64,13 @@ import ml_collections
 import numpy as np
 
 from aepg_jax.data import augment
-from aepg_jax.methods import prototypes
-from aepg_jax.methods.base import (
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    mask_unseen,
-    softmax_probs,
-)
+from aepg_jax.methods import base, prototypes
+from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec
 from aepg_jax.models import head, partition
 from aepg_jax.system import hosts
 
 RIDGES = 10.0 ** np.arange(-8, 9)  # RanPAC.py L139: the candidate lambdas, in this order
 FIT_FRACTION = 0.8  # RanPAC.py L140: the first 80% of the shuffled images fit, the rest score
-SCALE = "logit_scale"  # the cosine classifier's trainable scale (top-level leaf, label head)
 _HI = jax.lax.Precision.HIGHEST
 
 # RanPAC's args/*_publish.csv (ID 7, every dataset): SGD over the adapters and the cosine head
@@ -196,6 +188,7 @@ class RanPAC(Method):
 
     name = "ranpac"
     # CosineLinear.reset_parameters: U(+-1/sqrt(D)), inc_net.py L24-26.
+    layout = head.COSINE_LAYOUT
     official_head_init = "uniform"
     defaults: ClassVar[dict[str, Any]] = {"ranpac_m": 10000}
     scores: ClassVar[dict[str, str]] = {
@@ -209,7 +202,6 @@ class RanPAC(Method):
         self.width = int(cfg.model.hidden_size)
         self.m = int(cfg.method.ranpac_m)
         self.dim = self.m if self.m > 0 else self.width  # L: the readout's input width
-        self._programs: dict[str, Callable] = {}
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
@@ -277,21 +269,17 @@ class RanPAC(Method):
         return state
 
     def init_state(self, trainable: Params) -> Params:
-        return self.initial_state(sum(head.head_sizes(trainable)))
-
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        return self.init_state(trainable_at(0))
+        return self.initial_state(head.num_classes(trainable))
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """The cosine classifier's scale, 1 (`CosineLinear.sigma`), added once."""
-        if SCALE in trainable:
-            return trainable
-        return {**trainable, SCALE: jnp.ones((), jnp.float32)}
+        return trainable if head.COSINE_SCALE in trainable else head.with_cosine_scale(trainable)
 
     # -- the network ---------------------------------------------------------------------------
 
     def _features(self, net: Network, trainable: Params, frozen: Params, images: jax.Array):
-        params = partition.merge({k: v for k, v in trainable.items() if k != SCALE}, frozen)
+        kept = {k: v for k, v in trainable.items() if k != head.COSINE_SCALE}
+        params = partition.merge(kept, frozen)
         heads = head.head_sizes(params)
         return net.apply(params, images, heads)[1]["features"]
 
@@ -305,10 +293,7 @@ class RanPAC(Method):
         task: TaskSpec,
     ) -> tuple[jax.Array, jax.Array | None]:
         """`s cos(f, w_c)` over every class of the run (inc_net.py L30-47)."""
-        f = self._features(net, trainable, frozen, images)
-        heads = trainable["head"]
-        w = jnp.concatenate([heads[head.task_name(t)]["kernel"] for t in range(len(heads))], 1)
-        return trainable[SCALE] * prototypes.cosine_logits(f, w.T), None
+        return head.cosine_head(trainable, self._features(net, trainable, frozen, images)), None
 
     def predict(
         self,
@@ -321,15 +306,9 @@ class RanPAC(Method):
     ) -> tuple[dict[str, jax.Array], jax.Array]:
         """`h W_o^T` over the seen classes (the reference keeps rows `[0, seen)` of W_o)."""
         h = project(self._features(net, trainable, frozen, images), state.get("w_rand"))
-        logits = mask_unseen(jnp.matmul(h, state["readout"].T, precision=_HI), task)
-        return {"model": softmax_probs(logits)}, logits
+        return base.predictions(jnp.matmul(h, state["readout"].T, precision=_HI), task)
 
     # -- host side: the statistics after each task ----------------------------------------
-
-    def _program(self, name: str, fn: Callable) -> Callable:
-        if name not in self._programs:  # built once per method instance: one compilation
-            self._programs[name] = jax.jit(fn)
-        return self._programs[name]
 
     def _batch_features(self, trainable, frozen, images):
         x = augment.test_transform(images, self.cfg.model.image_size, self.cfg.input.normalize)
@@ -338,16 +317,10 @@ class RanPAC(Method):
     def task_features(self, ctx: TaskContext, trainable: Params):
         """The adapted model's features (N, D) and labels (N,) of the task's training images,
         in the loader's order, gathered on the host (RanPAC.py L102-113)."""
-        step = self._program("features", self._batch_features)
-        feats, labels = [], []
-        for batch in ctx.train_batches():
-            f = step(trainable, ctx.frozen, batch["image"])
-            f, y, mask = (np.asarray(x) for x in hosts.gather((f, batch["label"], batch["mask"])))
-            feats.append(f[mask.astype(bool)])
-            labels.append(y[mask.astype(bool)])
-        if not feats:
-            raise ValueError("RanPAC: the task has no training images for its statistics.")
-        return np.concatenate(feats).astype(np.float32), np.concatenate(labels).astype(np.int32)
+        step = self.compiled("_batch_features", self._batch_features)
+        return base.task_rows(
+            ctx, lambda b: step(trainable, ctx.frozen, b["image"]), "RanPAC features"
+        )
 
     def end_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
@@ -358,16 +331,14 @@ class RanPAC(Method):
             # a process-local jax.Array put on a multi-process mesh makes a malformed array
             w_rand = draw_projection(jax.random.fold_in(ctx.key, 0), self.width, self.m)
             state["w_rand"] = np.asarray(w_rand)
-        state = prototypes.placed_like(state, trainable)  # w_rand drawn here is placed too
+        state = base.on_mesh(state, trainable)  # w_rand drawn here is placed too
         feats, labels = self.task_features(ctx, trainable)
         # Shuffled on the host: a jitted permutation compiles once per task size.
         seed = np.asarray(jax.random.key_data(jax.random.fold_in(ctx.key, 1)))
         order = np.random.default_rng(seed).permutation(len(labels))
         chunk = max(int(self.cfg.eval.batch_size), 1)
         # The host-made leaves (readout, kept rows) replicated on the run's mesh like the rest.
-        return prototypes.placed_like(
-            self.update(state, feats[order], labels[order], chunk), trainable
-        )
+        return base.on_mesh(self.update(state, feats[order], labels[order], chunk), trainable)
 
     def update(self, state: Params, feats: np.ndarray, labels: np.ndarray, chunk: int) -> Params:
         """The statistics and readout after one task whose features (N, D) and labels are in
@@ -378,7 +349,7 @@ class RanPAC(Method):
         n = len(labels)
         n_fit = int(n * FIT_FRACTION)
         w_rand = state.get("w_rand")
-        acc = self._program("accumulate", _accumulate)
+        acc = self.compiled("_accumulate", _accumulate)
         gram, sums = state["gram"], state["sums"]
         for f, y, w in _chunks(feats, labels, chunk):
             gram, sums = acc(gram, sums, w_rand, f, y, w)
@@ -397,7 +368,7 @@ class RanPAC(Method):
             readout = dual_readout(kept_f[rows], kept_y[rows], w_host, num_classes, ridge)
             readout = readout.astype(np.float32)
         else:
-            readout = self._program("solve", ridge_solve)(gram, sums, jnp.float32(ridge))
+            readout = self.compiled("ridge_solve", ridge_solve)(gram, sums, jnp.float32(ridge))
         return {
             **state,
             "gram": gram,
@@ -423,13 +394,17 @@ class RanPAC(Method):
         w = jnp.ones((b,), jnp.float32)
         w_rand = state.get("w_rand")
         g, q = state["gram"], state["sums"]
-        w_rand, g, q = prototypes.placed_like((w_rand, g, q), trainable)
-        p = self._program
+        w_rand, g, q = base.on_mesh((w_rand, g, q), trainable)
+        p = self.compiled
         images = batch["image"]
         return {
-            "features": (p("features", self._batch_features), (trainable, frozen, images), 1),
-            "accumulate": (p("accumulate", _accumulate), (g, q, w_rand, f, y, w), 1),
-            "solve": (p("solve", ridge_solve), (g, q, jnp.float32(1.0)), 1),
+            "features": (
+                p("_batch_features", self._batch_features),
+                (trainable, frozen, images),
+                1,
+            ),
+            "accumulate": (p("_accumulate", _accumulate), (g, q, w_rand, f, y, w), 1),
+            "solve": (p("ridge_solve", ridge_solve), (g, q, jnp.float32(1.0)), 1),
         }
 
 

@@ -30,8 +30,6 @@ checkpointed, vmapped): `A_q`, `A_v` (T, n_blocks, r, D), `B_q`, `B_v` (T, n_blo
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import chex
@@ -41,17 +39,9 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from aepg_jax.methods.base import (
-    ComposedParams,
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    block_problems,
-    cut_blocks,
-    heads_of,
-)
+from aepg_jax.methods import base
+from aepg_jax.methods.base import ComposedParams, Method, Network, Params, TaskContext, TaskSpec
+from aepg_jax.methods.blocks import block_problems, cut_blocks
 from aepg_jax.models import partition
 
 # The official code (models/sdlora.py `_train`, exps/sdlora_inr.json): SGD with momentum 0.9 on
@@ -122,11 +112,6 @@ class SDLoRA(ComposedParams, Method):
         net_cfg.peft.lora_rank = self.num_tasks * self.rank
         net_cfg.peft.lora_targets = _TARGETS
         self.net = Network(net_cfg)
-        self._store = jax.jit(self._stored)
-        if cfg.model.peft.kind != "none":
-            logging.info(
-                "SD-LoRA brings its own LoRAs: model.peft (%s) is not used.", cfg.model.peft.kind
-            )
 
     @classmethod
     def check(cls, cfg: ml_collections.ConfigDict) -> list[str]:
@@ -164,9 +149,6 @@ class SDLoRA(ComposedParams, Method):
     def init_state(self, trainable: Params) -> Params:
         return self.initial_state()
 
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        return self.initial_state()
-
     def _rank_mask(self, task: int | jax.Array) -> jax.Array:
         """(r,) 1 for the rows of A (columns of B) task `task` uses."""
         return (jnp.arange(self.rank) < jnp.asarray(self.ranks)[task]).astype(jnp.float32)
@@ -189,13 +171,14 @@ class SDLoRA(ComposedParams, Method):
             "alpha": jnp.full((), init, jnp.float32),
             "alpha_prev": jnp.full((self.num_tasks,), init, jnp.float32),
         }
-        return {**heads_of(trainable), KEY: {"lora": lora}}
+        return {**base.heads_of(trainable), KEY: {"lora": lora}}
 
     def end_task(
         self, task: TaskSpec, trainable: Params, state: Params, ctx: TaskContext
     ) -> Params:
         """Stores task t's A, B and the magnitudes it ended with."""
-        return self._store(trainable[KEY]["lora"], state, jnp.asarray(task.index, jnp.int32))
+        store = self.compiled("_stored", self._stored)
+        return store(trainable[KEY]["lora"], state, jnp.asarray(task.index, jnp.int32))
 
     def _stored(self, lora: Params, state: Params, t: jax.Array) -> Params:
         """`state` with task t's A, B and magnitudes (t traced: one program for the run)."""
@@ -240,4 +223,4 @@ class SDLoRA(ComposedParams, Method):
                 flat[(*attn, f"{target}_A")] = a[:, i].reshape(big_t * r, d)
                 flat[(*attn, f"{target}_B")] = jnp.moveaxis(b[:, i], 0, 1).reshape(d, big_t * r)
                 flat[(*attn, f"{target}_scale")] = jnp.ones((), jnp.float32)
-        return partition.merge(heads_of(trainable), traverse_util.unflatten_dict(flat))
+        return partition.merge(base.heads_of(trainable), traverse_util.unflatten_dict(flat))

@@ -11,7 +11,7 @@ depend on how the classes are cut into tasks either.
 The prototypes are kept as per-class sums and counts (`prototypes.ClassSums`, shapes over every
 class of the run from the start) in the method state: checkpointed and vmapped like any state,
 so a resumed run continues from the same sums. The pass over a task's images is one jitted
-program for the run (`prototypes.sums_program`).
+program for the run (`prototypes.sums_step`).
 
 `Prototypes` is the shared scaffold of the methods that classify by class means: a subclass
 gives its feature function (`features`, `feature_dim`), which tasks train, and what trains
@@ -29,26 +29,17 @@ calibration for them (docs/algorithm.md §4).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aepg_jax.methods import prototypes
-from aepg_jax.methods.base import (
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    heads_of,
-    mask_unseen,
-    softmax_probs,
-)
+from aepg_jax.methods import base, prototypes
+from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec
+from aepg_jax.models import head
 
 
 def plain_model_cfg(model_cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -58,16 +49,10 @@ def plain_model_cfg(model_cfg: ml_collections.ConfigDict) -> ml_collections.Conf
     return cfg
 
 
-def num_classes_of(trainable: Params) -> int:
-    """Every class of the run: the summed widths of the task heads `head/task_j` (there from
-    the start; a method's own leaves under `head/` do not count)."""
-    heads = heads_of(trainable)["head"]
-    return sum(int(heads[name]["kernel"].shape[-1]) for name in heads if name.startswith("task_"))
-
-
 def backbone_features(net: Network, params: Params, images: jax.Array) -> jax.Array:
-    """The final-norm cls token (B, D) of `params` (any head leaves dropped), float32."""
-    backbone = {k: v for k, v in params.items() if k != "head"}
+    """The final-norm cls token (B, D) of `params` (the heads and the cosine scale dropped),
+    float32."""
+    backbone = {k: v for k, v in params.items() if k not in ("head", head.COSINE_SCALE)}
     return net.apply(backbone, images, ())[1]["features"].astype(jnp.float32)
 
 
@@ -78,13 +63,11 @@ class Prototypes(Method):
     scores: ClassVar[dict[str, str]] = {
         "model": "cosine similarities to the class means, in [-1, 1], with no trained scale"
     }
-    eval_forwards: ClassVar[int] = 1
     task_data_passes: ClassVar[int] = 1  # the prototype pass, at end_task
 
     def __init__(self, cfg: ml_collections.ConfigDict):
         super().__init__(cfg)
         self.plain = Network(plain_model_cfg(cfg.model))
-        self._sums_step: prototypes.SumsStep | None = None
 
     # -- what a subclass changes -----------------------------------------------------------
 
@@ -99,11 +82,8 @@ class Prototypes(Method):
     # -- state -------------------------------------------------------------------------------
 
     def init_state(self, trainable: Params) -> Params:
-        sums = prototypes.ClassSums.zeros(num_classes_of(trainable), self.feature_dim)
+        sums = prototypes.ClassSums.zeros(head.num_classes(trainable), self.feature_dim)
         return {"proto_sums": sums.sums, "proto_counts": sums.counts}
-
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        return self.init_state(trainable_at(0))
 
     @staticmethod
     def class_sums(state: Params) -> prototypes.ClassSums:
@@ -118,7 +98,7 @@ class Prototypes(Method):
         sums = prototypes.accumulate(
             self._sums_program(),
             (trainable, ctx.frozen),
-            ctx.train_batches(),
+            ctx,
             self.class_sums(state),
             desc=f"task {task.index + 1} {self.name} prototypes",
         )
@@ -126,11 +106,8 @@ class Prototypes(Method):
         return {**state, "proto_sums": sums.sums, "proto_counts": sums.counts}
 
     def _sums_program(self) -> prototypes.SumsStep:
-        """The prototype pass's program, built once per instance: the fit check compiles the
-        one that `end_task` calls."""
-        if self._sums_step is None:
-            self._sums_step = prototypes.sums_program(self._features_of, self.cfg)
-        return self._sums_step
+        """The prototype pass's program: the fit check compiles the one `end_task` calls."""
+        return self.compiled("class_sums_step", prototypes.sums_step(self._features_of, self.cfg))
 
     def _features_of(self, params: tuple[Params, Params], images: jax.Array) -> jax.Array:
         return self.features(params[0], params[1], images)
@@ -139,7 +116,7 @@ class Prototypes(Method):
         self, trainable: Params, state: Params, frozen: Params, batch, task: int
     ) -> dict[str, tuple[Callable, tuple, int]]:
         """The prototype pass, once per task (`end_task`)."""
-        sums = prototypes.placed_like(self.class_sums(state), trainable)
+        sums = base.on_mesh(self.class_sums(state), trainable)
         return {"prototypes": (self._sums_program(), (sums, (trainable, frozen), batch), 1)}
 
     # -- inside the jitted programs --------------------------------------------------------
@@ -150,7 +127,7 @@ class Prototypes(Method):
         """(B, C) cosines between the images' features and every class's prototype (0 for a
         class not seen yet)."""
         feats = self.features(trainable, frozen, images)
-        return prototypes.cosine_logits(feats, self.class_sums(state).means())
+        return head.cosine_logits(feats, self.class_sums(state).means())
 
     def forward(
         self,
@@ -172,8 +149,7 @@ class Prototypes(Method):
         images: jax.Array,
         task: TaskSpec,
     ) -> tuple[dict[str, jax.Array], jax.Array]:
-        logits = mask_unseen(self.logits(trainable, frozen, state, images), task)
-        return {"model": softmax_probs(logits)}, logits
+        return base.predictions(self.logits(trainable, frozen, state, images), task)
 
 
 class SimpleCIL(Prototypes):
@@ -181,18 +157,10 @@ class SimpleCIL(Prototypes):
 
     name = "simplecil"
     uses_model_peft: ClassVar[bool] = False
-    defaults: ClassVar[dict[str, Any]] = {}
-
-    def __init__(self, cfg: ml_collections.ConfigDict):
-        super().__init__(cfg)
-        if cfg.model.peft.kind != "none" and cfg.method.name == self.name:
-            logging.info(
-                "SimpleCIL trains nothing: model.peft (%s) is not used.", cfg.model.peft.kind
-            )
 
     def trains_task(self, task: int) -> bool:
         return False
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """The heads alone: the model's PEFT leaves are dropped (nothing trains)."""
-        return heads_of(trainable)
+        return base.heads_of(trainable)

@@ -33,7 +33,6 @@ kernel (D, C) and bias (C,).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -42,17 +41,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from aepg_jax.methods import class_gaussians, prototypes
-from aepg_jax.methods.base import (
-    Method,
-    Network,
-    Params,
-    TaskContext,
-    TaskSpec,
-    heads_of,
-    mask_unseen,
-    softmax_probs,
-)
+from aepg_jax.methods import base, class_gaussians, prototypes
+from aepg_jax.methods.base import Method, Network, Params, TaskContext, TaskSpec
 from aepg_jax.methods.simplecil import plain_model_cfg
 from aepg_jax.models import head, partition
 
@@ -76,20 +66,6 @@ SLCA_SETTINGS: dict[str, Any] = {
 }
 
 
-def concat_heads(trainable: Params, head_sizes: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
-    """Every task head as one classifier: kernel (D, C), bias (C,)."""
-    heads = trainable["head"]
-    names = [head.task_name(t) for t in range(len(head_sizes))]
-    kernel = jnp.concatenate([heads[n]["kernel"] for n in names], axis=-1)
-    return kernel, jnp.concatenate([heads[n]["bias"] for n in names], axis=-1)
-
-
-def class_tasks(head_sizes: tuple[int, ...]) -> np.ndarray:
-    """(C,) the task of each class."""
-    return np.repeat(np.arange(len(head_sizes)), head_sizes)
-
-
-@functools.partial(jax.jit, static_argnums=2)
 def _columns(classifier: Params, lo: jax.Array, width: int) -> Params:
     """Columns `[lo, lo + width)` of a classifier `{"kernel" (D, C), "bias" (C,)}`."""
     return {
@@ -122,8 +98,6 @@ class SLCA(Method):
     def __init__(self, cfg: ml_collections.ConfigDict):
         super().__init__(cfg)
         self.plain = Network(plain_model_cfg(cfg.model))
-        self._stats_step: class_gaussians.StatsStep | None = None
-        self._align: Callable | None = None
 
     @property
     def lr_scales(self) -> dict[str, float]:
@@ -148,8 +122,7 @@ class SLCA(Method):
     # -- state -------------------------------------------------------------------------------
 
     def init_state(self, trainable: Params) -> Params:
-        sizes = head.head_sizes(trainable)
-        kernel, bias = concat_heads(trainable, sizes)
+        kernel, bias = head.stack(trainable["head"], head.head_sizes(trainable))
         num_classes, dim = bias.shape[0], kernel.shape[0]
         stats = class_gaussians.ClassGaussians.zeros(num_classes, dim)
         return {
@@ -158,9 +131,6 @@ class SLCA(Method):
             "heads": {"kernel": kernel, "bias": bias},
             "aligned": {"kernel": kernel, "bias": bias},
         }
-
-    def state_like(self, task: int, phase: str, trainable_at: Callable[[int], Params]) -> Params:
-        return self.init_state(trainable_at(0))
 
     @staticmethod
     def stats(state: Params) -> class_gaussians.ClassGaussians:
@@ -176,7 +146,8 @@ class SLCA(Method):
         sizes = task.head_sizes
         heads = dict(trainable["head"])
         lo = jnp.asarray(sum(sizes[:t]), jnp.int32)  # traced: one program per head width
-        heads[head.task_name(t)] = _columns(state["initial"], lo, sizes[t])
+        columns = self.compiled("_columns", _columns, static_argnums=2)
+        heads[head.task_name(t)] = columns(state["initial"], lo, sizes[t])
         trainable = {**trainable, "head": heads}
         if t == 0 and self.cfg.method.slca_fresh_final_norm:
             backbone = trainable[partition.FINETUNED]
@@ -188,7 +159,7 @@ class SLCA(Method):
 
     def grow(self, task: int, trainable: Params, key: jax.Array) -> Params:
         """The heads and the backbone copy alone: the model's PEFT leaves are dropped."""
-        return {**heads_of(trainable), partition.FINETUNED: trainable[partition.FINETUNED]}
+        return {**base.heads_of(trainable), partition.FINETUNED: trainable[partition.FINETUNED]}
 
     def features(self, trainable: Params, images: jax.Array) -> jax.Array:
         """The fine-tuned backbone's final-norm cls token (B, D), float32."""
@@ -206,12 +177,12 @@ class SLCA(Method):
         stats = prototypes.accumulate(
             self.stats_step(),
             {partition.FINETUNED: trainable[partition.FINETUNED]},
-            ctx.train_batches(),
+            ctx,
             self.stats(state),
             desc=f"task {t + 1} slca statistics",
         )
         state = {**state, "stats": {"sums": stats.sums, "counts": stats.counts, "m2": stats.m2}}
-        kernel, bias = concat_heads(trainable, sizes)
+        kernel, bias = head.stack(trainable["head"], sizes)
         lo, hi = sum(sizes[:t]), sum(sizes[: t + 1])
         current = (np.arange(bias.shape[0]) >= lo) & (np.arange(bias.shape[0]) < hi)
         class_gaussians.check_statistics("SLCA", state["stats"], current, sizes, t)
@@ -236,20 +207,17 @@ class SLCA(Method):
 
     def stats_step(self) -> class_gaussians.StatsStep:
         """The statistics pass, jitted once for the run."""
-        if self._stats_step is None:
-            self._stats_step = class_gaussians.stats_program(self._features_of, self.cfg)
-        return self._stats_step
+        step = class_gaussians.stats_step(self._features_of, self.cfg)
+        return self.compiled("class_statistics", step)
 
     def align_program(self, head_sizes: tuple[int, ...]) -> Callable:
         """`align(state, key, t) -> {"kernel", "bias"}` after task t (traced), jitted once
         for the run (module doc, step 3)."""
-        if self._align is None:
 
-            def slca_alignment(state: Params, key: jax.Array, t: jax.Array) -> Params:
-                return self._align_fn(state, key, t, head_sizes=head_sizes)
+        def slca_alignment(state: Params, key: jax.Array, t: jax.Array) -> Params:
+            return self._align_fn(state, key, t, head_sizes=head_sizes)
 
-            self._align = jax.jit(slca_alignment)
-        return self._align
+        return self.compiled("slca_alignment", slca_alignment)
 
     def draw(
         self, state: Params, key: jax.Array, t: jax.Array, head_sizes: tuple[int, ...]
@@ -260,7 +228,7 @@ class SLCA(Method):
         unseen classes last, skipped)."""
         m = self.cfg.method
         stats = self.stats(state)
-        tasks = jnp.asarray(class_tasks(head_sizes))
+        tasks = jnp.asarray(head.class_tasks(head_sizes))
         scale = MEAN_SHRINK + (tasks + 1) / (t + 1) * (1.0 - MEAN_SHRINK)
         means = stats.means() * scale[:, None]
         factors = class_gaussians.cholesky_factors(stats.covariances(RIDGE))
@@ -279,7 +247,7 @@ class SLCA(Method):
     ) -> Params:
         m, o = self.cfg.method, self.cfg.optim
         feats, labels = self.draw(state, key, t, head_sizes)
-        seen = jnp.sum(jnp.asarray(class_tasks(head_sizes)) <= t)
+        seen = jnp.sum(jnp.asarray(head.class_tasks(head_sizes)) <= t)
         kernel, bias, _ = class_gaussians.align_classifier(
             state["heads"]["kernel"],
             state["heads"]["bias"],
@@ -336,5 +304,4 @@ class SLCA(Method):
         feats = self.features(trainable, images)
         w, b = state["aligned"]["kernel"], state["aligned"]["bias"]
         logits = jnp.matmul(feats, w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
-        logits = mask_unseen(logits + b, task)
-        return {"model": softmax_probs(logits)}, logits
+        return base.predictions(logits + b, task)

@@ -38,8 +38,8 @@ DEFAULT_RULES: Rules = (
     (r"(^|/)(lora|adapter|prefix)/", PEFT),
     (r"^prompt/", PEFT),  # the prompt baselines' prompts, keys and attention vectors
     (r"^head/", HEAD),
-    (r"^logit_scale$", HEAD),
-    (r"^finetuned/", FINETUNED),  # a cosine classifier's trainable logit scale (RanPAC's)
+    (r"^cosine_scale$", PEFT),  # the cosine head's scale (`head.COSINE_SCALE`)
+    (r"^finetuned/", FINETUNED),
     (r"^(embedding|cls|Transformer)(/|$)", BACKBONE),
 )
 

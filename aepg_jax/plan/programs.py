@@ -87,9 +87,7 @@ def _batch(run: Run, batch_size: int, stacked: bool, mask: bool) -> dict[str, An
 def task_state(run: Run, t: int):
     """Task `t`'s train state at its start, as `setup.checkpoint_target` rebuilds it."""
     trainable = setup.trainable_for(run, t)
-    one = run.method.state_like(
-        t, "in_task", lambda s: run.axis.unstack(setup.trainable_for(run, s))[0]
-    )
+    one = run.method.init_state(run.axis.unstack(setup.trainable_for(run, 0))[0])
     method_state = run.axis.stack([one] * len(run.axis.seeds))
     return setup.fresh_state(run, trainable, method_state, 0)
 
