@@ -39,9 +39,6 @@ def test_default_run_gives_the_stored_accuracy_matrices(tmp_path, stored, name):
     command = [sys.executable, "-m", "aepg_jax.main", "--config=configs/default.py"]
     command += [f"--config.method.name={name}", f"--workdir={workdir}"]
     done = subprocess.run(command, cwd=ROOT, env=dict(os.environ), capture_output=True, text=True)
-    if done.returncode != 0 and "Fashion-MNIST files" in done.stderr:
-        # the default's backbone is pretrained on Fashion-MNIST's Debian files (and cached)
-        pytest.skip(done.stderr.strip().splitlines()[-1])
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads((workdir / "results.json").read_text())
     want = stored[name]
