@@ -360,7 +360,7 @@ def aliases(key: str) -> tuple[str, ...]:
 
 
 def parse_where(where: str | None) -> dict[str, tuple[str, ...]]:
-    """`"method=slca,seed=0/1/2"` -> `{"method": ("slca",), "seed": ("0", "1", "2")}`: a run
+    """`"loss=ce,seed=0/1/2"` -> `{"loss": ("ce",), "seed": ("0", "1", "2")}`: a run
     matches when it has one of each key's `/`-separated values (a grid spec's syntax)."""
     selection: dict[str, tuple[str, ...]] = {}
     for piece in filter(None, (where or "").split(",")):
