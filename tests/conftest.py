@@ -74,6 +74,27 @@ def _no_exit_of_the_test_process(monkeypatch):
     monkeypatch.setattr(os, "_exit", _exit)
 
 
+_SIGNALS = ("SIGPIPE", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGALRM")
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found():
+    """A test that leaves a signal's disposition changed in pytest's process fails (and the
+    disposition is put back): left at its default action, a later SIGPIPE (a write to a closed
+    pipe or socket, on any thread) or SIGTERM ends the pytest-xdist worker without a word."""
+    import signal
+
+    before = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
+    yield
+    changed = {}
+    for name, handler in before.items():
+        now = signal.getsignal(getattr(signal, name))
+        if now != handler:
+            changed[name] = now
+            signal.signal(getattr(signal, name), handler)
+    assert not changed, f"the test left these signals' handlers changed: {changed}"
+
+
 @pytest.fixture(scope="session")
 def local_slurm():
     """A running one-node SLURM (`scripts/slurm_local.sh start`), or the test is skipped with

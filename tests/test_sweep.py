@@ -305,6 +305,27 @@ def test_list_and_status_without_and_with_a_workdir(tmp_path, capsys):
     assert lines[4] == "1 done, 1 failed, 1 running, 1 todo"
 
 
+def test_a_listing_into_a_closed_pipe_ends_quietly_and_leaves_sigpipe_alone(tmp_path, capsys):
+    """`--list | head`: a reader gone before the listing is written ends it with status 0 and
+    nothing on stderr; run inside another process, the listing leaves that process's SIGPIPE
+    disposition as it was (SIGPIPE's default action would end the process at its next write
+    to a closed pipe or socket, on any thread, without a word)."""
+    path = sweep_fake.write(tmp_path)
+    before = signal.getsignal(signal.SIGPIPE)
+    assert sweep.main([f"--experiment={path}", "--list"]) == 0
+    assert signal.getsignal(signal.SIGPIPE) == before
+    capsys.readouterr()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aepg_jax.sweep", f"--experiment={path}", "--list"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read()
+    assert (proc.wait(), err) == (0, "")
+
+
 def test_tables_name_missing_runs_damaged_seed_files_and_non_objects(tmp_path, capsys):
     """A run not run yet, a results.json holding a list, and a damaged seed file of a vmapped
     program are each named; the tables still print and the command exits 0 (results were

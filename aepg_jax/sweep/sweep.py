@@ -526,8 +526,14 @@ def main(argv: Sequence[str]) -> int:
         print(slurm_script(args, overrides, len(units)), end="")
         return 0
     if args.list or args.status:
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
-        print_list(units, root, overrides, mine, commands=args.list)
+        # `| head` ends the listing quietly. Not by SIGPIPE's default action: main() also runs
+        # inside other processes (a test's), where it would stay and let any later write to a
+        # closed pipe or socket, on any thread, end that process without a word.
+        try:
+            print_list(units, root, overrides, mine, commands=args.list)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush too
         return 0
     from absl import flags, logging
 
