@@ -123,6 +123,7 @@ class InfLoRA(ComposedParams, Method):
     }
     reference_settings: ClassVar[dict[str, Any]] = INFLORA_SETTINGS
     uses_model_peft: ClassVar[bool] = False
+    grows_on_host: ClassVar[bool] = True  # zeros and dropped leaves: no program to compile
     task_data_passes: ClassVar[int] = 2  # the covariance pass, at begin_task and end_task
 
     def __init__(self, cfg: ml_collections.ConfigDict):

@@ -157,7 +157,7 @@ class SDLoRA(ComposedParams, Method):
         """Task `task`'s A_q, A_v ~ U(+-1/sqrt(D)) (rows beyond its rank zero), B = 0, and the
         magnitudes at their initial value; the model's PEFT leaves dropped."""
         n, d, r = len(self.blocks), self.width, self.rank
-        bound = 1.0 / jnp.sqrt(d)
+        bound = float(np.float32(1) / np.sqrt(np.float32(d)))  # on the host: no eager program
         mask = jnp.asarray(np.arange(r) < self.ranks[task], jnp.float32)[None, :, None]
         k_q, k_v = jax.random.split(key)
         a = lambda k: jax.random.uniform(k, (n, r, d), jnp.float32, -bound, bound) * mask
