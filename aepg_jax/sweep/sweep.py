@@ -526,9 +526,7 @@ def main(argv: Sequence[str]) -> int:
         print(slurm_script(args, overrides, len(units)), end="")
         return 0
     if args.list or args.status:
-        # `| head` ends the listing quietly. Not by SIGPIPE's default action: main() also runs
-        # inside other processes (a test's), where it would stay and let any later write to a
-        # closed pipe or socket, on any thread, end that process without a word.
+        # `| head` ends it quietly; SIGPIPE stays ignored, as main() runs in tests' processes too
         try:
             print_list(units, root, overrides, mine, commands=args.list)
             sys.stdout.flush()
